@@ -1,0 +1,39 @@
+"""Distributed locks for Django on the database you already have.
+
+Example::
+
+    import locks
+
+    with locks.lock("orders:42", ttl=30, timeout=5) as lease:
+        charge(order, fence=lease.token)
+"""
+
+from __future__ import annotations
+
+from .exceptions import ConcurrentUpdate, LockBusy, LockError, LockLost, StaleToken
+from .leases import (
+    Lease,
+    acquire,
+    break_lock,
+    check_token,
+    is_locked,
+    lock,
+    reap_expired,
+    try_acquire,
+)
+
+__all__ = [
+    "ConcurrentUpdate",
+    "Lease",
+    "LockBusy",
+    "LockError",
+    "LockLost",
+    "StaleToken",
+    "acquire",
+    "break_lock",
+    "check_token",
+    "is_locked",
+    "lock",
+    "reap_expired",
+    "try_acquire",
+]

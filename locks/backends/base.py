@@ -1,0 +1,124 @@
+"""What every vendor backend provides: one conditional statement per state change."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.utils import CursorWrapper
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What the database answered to a successful acquire."""
+
+    token: int
+    count: int
+    acquired_at: datetime
+    expires_at: datetime
+
+
+class Released(enum.Enum):
+    """Outcome of one release statement."""
+
+    DONE = "done"  # the holding ended (row deleted) or one re-entry was undone
+    EXPIRED = "expired"  # the row was ours but had expired: deleted, and the caller lost it
+    MISSING = "missing"  # no row of ours matched that statement
+
+
+class Backend:
+    """Vendor SQL for the lease engine. Subclasses fill in the statements.
+
+    Every method takes an open cursor on the app's own autocommit connection and runs
+    one statement whose own result decides the outcome (no read-then-write).
+    """
+
+    vendor = ""
+    #: SQL expression for the database server's current time, as stored in the table
+    #: (written for a parametrised query: a literal "%" is "%%").
+    NOW = ""
+    #: Whether row locks (SELECT ... FOR UPDATE) exist on this database.
+    has_row_locks = True
+
+    def acquire(
+        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+    ) -> Grant | None:
+        """Insert, take over an expired row, or re-enter; ``None`` if another holder has it."""
+        raise NotImplementedError
+
+    def renew(
+        self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
+    ) -> datetime | None:
+        """Extend a live holding to at least now + ttl; ``None`` if it is not ours or expired."""
+        raise NotImplementedError
+
+    def release_last(self, cursor: CursorWrapper, name: str, holder: str, token: int) -> Released:
+        """Delete our row if it is the last re-entry, or if it expired."""
+        raise NotImplementedError
+
+    def release_reentry(
+        self, cursor: CursorWrapper, name: str, holder: str, token: int
+    ) -> Released:
+        """Undo one re-entry of a live holding that has more than one."""
+        raise NotImplementedError
+
+    def is_locked(self, cursor: CursorWrapper, name: str) -> bool:
+        cursor.execute(
+            f"SELECT 1 FROM locks_lock WHERE name = %s AND expires_at > {self.NOW}", [name]
+        )
+        return cursor.fetchone() is not None
+
+    def check_token(self, cursor: CursorWrapper, name: str, token: int) -> bool:
+        cursor.execute(
+            "SELECT 1 FROM locks_lock WHERE name = %s AND token = %s"
+            f" AND expires_at > {self.NOW}",
+            [name, token],
+        )
+        return cursor.fetchone() is not None
+
+    def break_lock(self, cursor: CursorWrapper, name: str) -> bool:
+        cursor.execute("DELETE FROM locks_lock WHERE name = %s", [name])
+        return bool(cursor.rowcount)
+
+    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
+        """Delete at most ``batch_size`` expired rows in one statement; return how many."""
+        raise NotImplementedError
+
+    def now(self, cursor: CursorWrapper) -> datetime:
+        """The database server's clock."""
+        cursor.execute(f"SELECT {self.NOW}", [])
+        return self.to_datetime(cursor.fetchone()[0])
+
+    def to_datetime(self, value: Any) -> datetime:
+        """Convert a timestamp read by raw SQL into an aware UTC datetime."""
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        assert isinstance(value, datetime)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` left nothing written, so the same statement may simply run again."""
+        return False
+
+    def check_caller(self, alias: str) -> None:
+        """Raise if a lock statement on ``alias`` would deadlock with the caller's transaction."""
+
+    def on_connect(self, connection: BaseDatabaseWrapper) -> None:
+        """Prepare a freshly opened connection of the app's own."""
+
+    def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
+        """Column type/collation that makes lock names exact (case- and space-sensitive)."""
+        return {}
+
+    def create_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        """Create what the models cannot say: the token sequence, triggers."""
+
+    def drop_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        """Undo :meth:`create_extras`."""

@@ -1,0 +1,137 @@
+"""MariaDB 10.6+: one ``INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING`` per acquire.
+
+MariaDB evaluates ``ON DUPLICATE KEY UPDATE`` assignments left to right against values
+already updated, so the columns the conditions read (``expires_at``, ``holder``) are
+assigned last, ``expires_at`` at the very end. ``RETURNING`` shows the row as the
+statement left it: we won exactly when it names our holder. Tokens come from a
+``SEQUENCE`` drawn while holding a row lock on one of 1024 stripes of the name space, so
+a token drawn before another holder's whole hold is never granted after it.
+``UTC_TIMESTAMP(6)`` is fixed for the length of a statement, so every comparison in one
+statement sees the same instant. Deadlocks (1213) and lock wait timeouts (1205) roll the
+statement back and are retried. MySQL (no SEQUENCE, no RETURNING) is not supported.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .base import Backend, Grant, Released
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+    from django.db.backends.utils import CursorWrapper
+
+STRIPES = 1024
+NOW = "UTC_TIMESTAMP(6)"
+EXPIRED = f"expires_at <= {NOW}"
+
+ACQUIRE = f"""
+INSERT INTO locks_lock (name, holder, count, token, acquired_at, expires_at, note)
+VALUES (
+    %s, %s, 1,
+    (SELECT NEXTVAL(locks_token_seq) FROM locks_stripe
+      WHERE id = MOD(CRC32(%s), {STRIPES}) FOR UPDATE),
+    {NOW}, {NOW} + INTERVAL %s MICROSECOND, %s)
+ON DUPLICATE KEY UPDATE
+    count = IF({EXPIRED}, 1, IF(holder = VALUES(holder), count + 1, count)),
+    token = IF({EXPIRED}, VALUES(token), token),
+    acquired_at = IF({EXPIRED}, VALUES(acquired_at), acquired_at),
+    note = IF({EXPIRED}, VALUES(note), note),
+    holder = IF({EXPIRED}, VALUES(holder), holder),
+    expires_at = IF(holder = VALUES(holder), GREATEST(expires_at, VALUES(expires_at)), expires_at)
+RETURNING holder, token, count, acquired_at, expires_at
+"""
+
+RENEW = f"""
+UPDATE locks_lock SET expires_at = GREATEST(expires_at, {NOW} + INTERVAL %s MICROSECOND)
+WHERE name = %s AND holder = %s AND token = %s AND expires_at > {NOW}
+"""
+
+READ_EXPIRY = "SELECT expires_at FROM locks_lock WHERE name = %s AND holder = %s AND token = %s"
+
+RELEASE_LAST = f"""
+DELETE FROM locks_lock
+WHERE name = %s AND holder = %s AND token = %s AND (count = 1 OR {EXPIRED})
+RETURNING expires_at > {NOW}
+"""
+
+RELEASE_REENTRY = f"""
+UPDATE locks_lock SET count = count - 1
+WHERE name = %s AND holder = %s AND token = %s AND count > 1 AND expires_at > {NOW}
+"""
+
+REAP = f"DELETE FROM locks_lock WHERE {EXPIRED} ORDER BY expires_at LIMIT %s"
+
+TRANSIENT_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock
+
+
+def _micros(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+class MySQLBackend(Backend):
+    vendor = "mysql"
+    NOW = NOW
+
+    def acquire(
+        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+    ) -> Grant | None:
+        cursor.execute(ACQUIRE, [name, holder, name, _micros(ttl), note])
+        row = cursor.fetchone()
+        if row is None or row[0] != holder:
+            return None
+        return Grant(row[1], row[2], self.to_datetime(row[3]), self.to_datetime(row[4]))
+
+    def renew(
+        self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
+    ) -> datetime | None:
+        # Django's MySQL connection counts matched rows (CLIENT.FOUND_ROWS): 1 = still ours.
+        cursor.execute(RENEW, [_micros(ttl), name, holder, token])
+        if not cursor.rowcount:
+            return None
+        cursor.execute(READ_EXPIRY, [name, holder, token])
+        row = cursor.fetchone()
+        return None if row is None else self.to_datetime(row[0])
+
+    def release_last(self, cursor: CursorWrapper, name: str, holder: str, token: int) -> Released:
+        cursor.execute(RELEASE_LAST, [name, holder, token])
+        row = cursor.fetchone()
+        if row is None:
+            return Released.MISSING
+        return Released.DONE if row[0] else Released.EXPIRED
+
+    def release_reentry(
+        self, cursor: CursorWrapper, name: str, holder: str, token: int
+    ) -> Released:
+        cursor.execute(RELEASE_REENTRY, [name, holder, token])
+        return Released.DONE if cursor.rowcount else Released.MISSING
+
+    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
+        cursor.execute(REAP, [batch_size])
+        return int(cursor.rowcount)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        args = getattr(exc, "args", ())
+        return bool(args) and args[0] in TRANSIENT_CODES
+
+    def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
+        # Binary and NO PAD: "Lock" != "lock" and "a" != "a ", as on the other databases.
+        return {
+            "type": "varchar(255) CHARACTER SET utf8mb4",
+            "collation": "utf8mb4_nopad_bin",
+        }
+
+    def create_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        schema_editor.execute("CREATE SEQUENCE IF NOT EXISTS locks_token_seq")
+        schema_editor.execute(
+            "CREATE TABLE IF NOT EXISTS locks_stripe (id INT NOT NULL PRIMARY KEY) ENGINE=InnoDB"
+        )
+        schema_editor.execute(
+            f"INSERT IGNORE INTO locks_stripe (id) SELECT seq FROM seq_0_to_{STRIPES - 1}"
+        )
+
+    def drop_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        schema_editor.execute("DROP TABLE IF EXISTS locks_stripe")
+        schema_editor.execute("DROP SEQUENCE IF EXISTS locks_token_seq")

@@ -1,0 +1,136 @@
+"""PostgreSQL 13+: one statement per operation, decided by ``RETURNING``.
+
+Expiry is compared with ``statement_timestamp()`` (the server's clock when the statement
+arrived; ``now()`` would be the start of a transaction). Tokens come from a sequence,
+drawn under a transaction-scoped advisory lock on the name so that the draw and the grant
+are ordered together: a token drawn before another holder's whole hold cannot be granted
+after it. ``ON CONFLICT DO UPDATE`` takes a row over only when its ``WHERE`` says so
+(expired, or our own holder), so a lock granted a moment ago is never stolen.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .base import Backend, Grant, Released
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+    from django.db.backends.utils import CursorWrapper
+
+#: First key of the two-key advisory lock namespace, so user advisory locks do not collide.
+ADVISORY_NAMESPACE = 0x6C6F636B  # "lock"
+
+ACQUIRE = f"""
+INSERT INTO locks_lock AS l (name, holder, count, token, acquired_at, expires_at, note)
+VALUES (
+    %(name)s, %(holder)s, 1,
+    (SELECT nextval('locks_token_seq')
+       FROM pg_advisory_xact_lock({ADVISORY_NAMESPACE}, hashtext(%(name)s))),
+    statement_timestamp(), statement_timestamp() + %(ttl)s, %(note)s)
+ON CONFLICT (name) DO UPDATE SET
+    count = CASE WHEN l.expires_at <= statement_timestamp() THEN 1 ELSE l.count + 1 END,
+    token = CASE WHEN l.expires_at <= statement_timestamp()
+                 THEN EXCLUDED.token ELSE l.token END,
+    acquired_at = CASE WHEN l.expires_at <= statement_timestamp()
+                       THEN EXCLUDED.acquired_at ELSE l.acquired_at END,
+    note = CASE WHEN l.expires_at <= statement_timestamp() THEN EXCLUDED.note ELSE l.note END,
+    holder = EXCLUDED.holder,
+    expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at)
+WHERE l.expires_at <= statement_timestamp() OR l.holder = EXCLUDED.holder
+RETURNING token, count, acquired_at, expires_at
+"""
+
+RENEW = """
+UPDATE locks_lock SET expires_at = GREATEST(expires_at, statement_timestamp() + %s)
+WHERE name = %s AND holder = %s AND token = %s AND expires_at > statement_timestamp()
+RETURNING expires_at
+"""
+
+RELEASE_LAST = """
+DELETE FROM locks_lock
+WHERE name = %s AND holder = %s AND token = %s
+  AND (count = 1 OR expires_at <= statement_timestamp())
+RETURNING expires_at > statement_timestamp()
+"""
+
+RELEASE_REENTRY = """
+UPDATE locks_lock SET count = count - 1
+WHERE name = %s AND holder = %s AND token = %s
+  AND count > 1 AND expires_at > statement_timestamp()
+RETURNING count
+"""
+
+# SKIP LOCKED: a row an acquire or renewal is touching right now is left for the next run.
+REAP = """
+DELETE FROM locks_lock WHERE name IN (
+    SELECT name FROM locks_lock WHERE expires_at <= statement_timestamp()
+    ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED)
+AND expires_at <= statement_timestamp()
+"""
+
+# A grant acknowledged under synchronous_commit=off can vanish in a crash, and the next
+# holder would get the same token: lock statements always commit synchronously.
+SYNCHRONOUS_COMMIT = """
+SELECT set_config('synchronous_commit', 'on', false)
+WHERE current_setting('synchronous_commit') = 'off'
+"""
+
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
+
+
+class PostgreSQLBackend(Backend):
+    vendor = "postgresql"
+    NOW = "statement_timestamp()"
+
+    def acquire(
+        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+    ) -> Grant | None:
+        params = {"name": name, "holder": holder, "ttl": timedelta(seconds=ttl), "note": note}
+        cursor.execute(ACQUIRE, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        return Grant(row[0], row[1], self.to_datetime(row[2]), self.to_datetime(row[3]))
+
+    def renew(
+        self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
+    ) -> datetime | None:
+        cursor.execute(RENEW, [timedelta(seconds=ttl), name, holder, token])
+        row = cursor.fetchone()
+        return None if row is None else self.to_datetime(row[0])
+
+    def release_last(self, cursor: CursorWrapper, name: str, holder: str, token: int) -> Released:
+        cursor.execute(RELEASE_LAST, [name, holder, token])
+        row = cursor.fetchone()
+        if row is None:
+            return Released.MISSING
+        return Released.DONE if row[0] else Released.EXPIRED
+
+    def release_reentry(
+        self, cursor: CursorWrapper, name: str, holder: str, token: int
+    ) -> Released:
+        cursor.execute(RELEASE_REENTRY, [name, holder, token])
+        return Released.MISSING if cursor.fetchone() is None else Released.DONE
+
+    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
+        cursor.execute(REAP, [batch_size])
+        return int(cursor.rowcount)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return getattr(exc.__cause__, "sqlstate", None) in TRANSIENT_SQLSTATES
+
+    def on_connect(self, connection: BaseDatabaseWrapper) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(SYNCHRONOUS_COMMIT)
+
+    def create_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        schema_editor.execute("CREATE SEQUENCE IF NOT EXISTS locks_token_seq")
+
+    def drop_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        schema_editor.execute("DROP SEQUENCE IF EXISTS locks_token_seq")
+
+    def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
+        return {}

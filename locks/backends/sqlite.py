@@ -1,0 +1,162 @@
+"""SQLite 3.35+: one ``INSERT ... ON CONFLICT ... RETURNING`` per acquire.
+
+SQLite allows one writer per database file, so each statement runs alone; a busy file
+is waited for (the connection's busy timeout) and retried. Its clock ticks in
+milliseconds; times are stored as UTC text in Django's layout with six digits, so they
+compare correctly as text. Tokens come from a one-row high-water table that a trigger
+raises whenever a token is written, so a token is never handed out twice, also after the
+row is deleted. There are no row locks here.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+
+from ..exceptions import LockError
+from .base import Backend, Grant, Released
+
+if TYPE_CHECKING:
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+    from django.db.backends.utils import CursorWrapper
+
+# "%%" because Django turns "%s" placeholders into "?" with the % operator.
+NOW = "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')"
+LATER = "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %(ttl)s) || '000')"
+EXPIRED = f"expires_at <= {NOW}"
+
+ACQUIRE = f"""
+INSERT INTO locks_lock (name, holder, count, token, acquired_at, expires_at, note)
+VALUES (%(name)s, %(holder)s, 1, (SELECT value + 1 FROM locks_sequence), {NOW}, {LATER}, %(note)s)
+ON CONFLICT (name) DO UPDATE SET
+    count = CASE WHEN {EXPIRED} THEN 1 ELSE count + 1 END,
+    token = CASE WHEN {EXPIRED} THEN excluded.token ELSE token END,
+    acquired_at = CASE WHEN {EXPIRED} THEN excluded.acquired_at ELSE acquired_at END,
+    note = CASE WHEN {EXPIRED} THEN excluded.note ELSE note END,
+    holder = excluded.holder,
+    expires_at = max(expires_at, excluded.expires_at)
+WHERE {EXPIRED} OR holder = excluded.holder
+RETURNING token, count, acquired_at, expires_at
+"""
+
+RENEW = f"""
+UPDATE locks_lock SET expires_at = max(expires_at, {LATER})
+WHERE name = %(name)s AND holder = %(holder)s AND token = %(token)s AND expires_at > {NOW}
+RETURNING expires_at
+"""
+
+RELEASE_LAST = f"""
+DELETE FROM locks_lock
+WHERE name = %s AND holder = %s AND token = %s AND (count = 1 OR {EXPIRED})
+RETURNING expires_at > {NOW}
+"""
+
+RELEASE_REENTRY = f"""
+UPDATE locks_lock SET count = count - 1
+WHERE name = %s AND holder = %s AND token = %s AND count > 1 AND expires_at > {NOW}
+RETURNING count
+"""
+
+REAP = f"""
+DELETE FROM locks_lock WHERE name IN (
+    SELECT name FROM locks_lock WHERE {EXPIRED} ORDER BY expires_at LIMIT %s)
+AND {EXPIRED}
+"""
+
+EXTRAS = [
+    "CREATE TABLE IF NOT EXISTS locks_sequence ("
+    " id INTEGER NOT NULL PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO locks_sequence (id, value) VALUES (1, 0)",
+    "CREATE TRIGGER IF NOT EXISTS locks_token_on_insert AFTER INSERT ON locks_lock BEGIN"
+    " UPDATE locks_sequence SET value = NEW.token WHERE value < NEW.token; END",
+    "CREATE TRIGGER IF NOT EXISTS locks_token_on_update AFTER UPDATE OF token ON locks_lock"
+    " BEGIN UPDATE locks_sequence SET value = NEW.token WHERE value < NEW.token; END",
+]
+
+
+def _modifier(ttl: float) -> str:
+    return f"+{ttl:.6f} seconds"
+
+
+def _same_file(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+class SQLiteBackend(Backend):
+    vendor = "sqlite"
+    NOW = NOW
+    has_row_locks = False
+
+    def acquire(
+        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+    ) -> Grant | None:
+        params = {"name": name, "holder": holder, "ttl": _modifier(ttl), "note": note}
+        cursor.execute(ACQUIRE, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        return Grant(row[0], row[1], self.to_datetime(row[2]), self.to_datetime(row[3]))
+
+    def renew(
+        self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
+    ) -> datetime | None:
+        params = {"name": name, "holder": holder, "token": token, "ttl": _modifier(ttl)}
+        cursor.execute(RENEW, params)
+        row = cursor.fetchone()
+        return None if row is None else self.to_datetime(row[0])
+
+    def release_last(self, cursor: CursorWrapper, name: str, holder: str, token: int) -> Released:
+        cursor.execute(RELEASE_LAST, [name, holder, token])
+        row = cursor.fetchone()
+        if row is None:
+            return Released.MISSING
+        return Released.DONE if row[0] else Released.EXPIRED
+
+    def release_reentry(
+        self, cursor: CursorWrapper, name: str, holder: str, token: int
+    ) -> Released:
+        cursor.execute(RELEASE_REENTRY, [name, holder, token])
+        return Released.MISSING if cursor.fetchone() is None else Released.DONE
+
+    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
+        cursor.execute(REAP, [batch_size])
+        return int(cursor.rowcount)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        message = str(exc)
+        return "database is locked" in message or "database table is locked" in message
+
+    def check_caller(self, alias: str) -> None:
+        target = str(connections.settings[alias]["NAME"])
+        for connection in connections.all(initialized_only=True):
+            raw = connection.connection
+            if (
+                connection.vendor == "sqlite"
+                and raw is not None
+                and raw.in_transaction
+                and _same_file(str(connection.settings_dict["NAME"]), target)
+            ):
+                raise LockError(
+                    f"a lease call on SQLite database {alias!r} cannot run while this thread's "
+                    f"transaction on the same file (connection {connection.alias!r}) is open: "
+                    "SQLite allows one writer per file, so it would wait for itself. Keep "
+                    "lock calls outside transaction.atomic() (and ATOMIC_REQUESTS), or point "
+                    'LOCKS = {"DATABASE": "locks"} at an alias with its own SQLite file.'
+                )
+
+    def create_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        for statement in EXTRAS:
+            schema_editor.execute(statement)
+
+    def drop_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        schema_editor.execute("DROP TRIGGER IF EXISTS locks_token_on_update")
+        schema_editor.execute("DROP TRIGGER IF EXISTS locks_token_on_insert")
+        schema_editor.execute("DROP TABLE IF EXISTS locks_sequence")

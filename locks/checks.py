@@ -1,0 +1,88 @@
+"""System checks of the locks app (``manage.py check``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import connections
+
+from .conf import DEFAULTS, conf
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """locks.E001/E002, locks.W001: the ``LOCKS`` setting and what it points at."""
+    errors: list[CheckMessage] = []
+    user = getattr(settings, "LOCKS", {})
+    if not isinstance(user, dict):
+        return [Error("LOCKS must be a dict.", hint=f"Got {user!r}.", id="locks.E001")]
+    unknown = sorted(set(user) - set(DEFAULTS))
+    if unknown:
+        errors.append(
+            Error(
+                f"Unknown LOCKS keys: {', '.join(unknown)}.",
+                hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+                id="locks.E001",
+            )
+        )
+    if conf.DATABASE not in connections.settings:
+        errors.append(
+            Error(
+                f"LOCKS['DATABASE'] is {conf.DATABASE!r}, which is not in DATABASES.",
+                hint=f"Use one of: {', '.join(sorted(connections.settings))}.",
+                id="locks.E002",
+            )
+        )
+    if not settings.USE_TZ:
+        errors.append(
+            Warning(
+                "USE_TZ is False: lock times are kept in UTC and will read as local times.",
+                hint="Set USE_TZ = True (Django's default).",
+                id="locks.W001",
+            )
+        )
+    return errors
+
+
+def _version_problem(connection: Any) -> str | None:
+    vendor = connection.vendor
+    version = connection.get_database_version()
+    if vendor == "postgresql" and version < (13,):
+        return f"PostgreSQL {version} is too old; 13 or newer is needed"
+    if vendor == "mysql":
+        if not connection.mysql_is_mariadb:
+            return "MySQL lacks SEQUENCE and RETURNING; use MariaDB 10.6+"
+        if version < (10, 6):
+            return f"MariaDB {version} is too old; 10.6 or newer is needed"
+    if vendor == "sqlite" and version < (3, 35):
+        return f"SQLite {version} is too old; 3.35 or newer is needed"
+    if vendor not in {"postgresql", "mysql", "sqlite"}:
+        return f"{vendor} is not supported; use PostgreSQL, MariaDB or SQLite"
+    return None
+
+
+@register(Tags.database)
+def check_database(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """locks.E003, locks.W002: the locks database's server (needs ``check --database``)."""
+    alias = conf.DATABASE
+    if not databases or alias not in databases or alias not in connections.settings:
+        return []
+    connection = connections[alias]
+    errors: list[CheckMessage] = []
+    problem = _version_problem(connection)
+    if problem:
+        errors.append(Error(f"Database {alias!r}: {problem}.", id="locks.E003"))
+    if connection.vendor == "sqlite" and connection.is_in_memory_db():
+        errors.append(
+            Warning(
+                f"Database {alias!r} is an in-memory SQLite database: locks held there are "
+                "invisible to other processes.",
+                hint="Use a SQLite file, or a server database.",
+                id="locks.W002",
+            )
+        )
+    return errors

@@ -1,0 +1,69 @@
+"""Settings of the locks app, read from ``settings.LOCKS`` at access time, with defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+DEFAULTS: dict[str, Any] = {
+    # Database alias whose server holds the lock table.
+    "DATABASE": "default",
+    # Lease length in seconds when a call gives no ``ttl``.
+    "DEFAULT_TTL": 60.0,
+    # Backoff between attempts of a blocking acquire, in seconds.
+    "BACKOFF_MIN": 0.002,
+    "BACKOFF_MAX": 0.25,
+    # How many times one attempt retries a transient database error
+    # (deadlock, lock wait timeout, SQLite busy) before giving up.
+    "TRANSIENT_RETRIES": 8,
+    # Rows one reaper statement deletes at most.
+    "REAP_BATCH_SIZE": 1000,
+    # The auto-renew watchdog renews when this fraction of the TTL has passed.
+    "RENEW_FRACTION": 1 / 3,
+}
+
+
+class Settings:
+    """Typed access to ``settings.LOCKS``; read at every access so ``override_settings`` works.
+
+    Example::
+
+        from locks.conf import conf
+        alias = conf.DATABASE
+    """
+
+    def _get(self, key: str) -> Any:
+        user = getattr(django_settings, "LOCKS", None) or {}
+        return user.get(key, DEFAULTS[key]) if isinstance(user, dict) else DEFAULTS[key]
+
+    @property
+    def DATABASE(self) -> str:  # noqa: N802 - settings keep Django's upper case
+        return str(self._get("DATABASE"))
+
+    @property
+    def DEFAULT_TTL(self) -> float:  # noqa: N802
+        return float(self._get("DEFAULT_TTL"))
+
+    @property
+    def BACKOFF_MIN(self) -> float:  # noqa: N802
+        return float(self._get("BACKOFF_MIN"))
+
+    @property
+    def BACKOFF_MAX(self) -> float:  # noqa: N802
+        return float(self._get("BACKOFF_MAX"))
+
+    @property
+    def TRANSIENT_RETRIES(self) -> int:  # noqa: N802
+        return int(self._get("TRANSIENT_RETRIES"))
+
+    @property
+    def REAP_BATCH_SIZE(self) -> int:  # noqa: N802
+        return int(self._get("REAP_BATCH_SIZE"))
+
+    @property
+    def RENEW_FRACTION(self) -> float:  # noqa: N802
+        return float(self._get("RENEW_FRACTION"))
+
+
+conf = Settings()

@@ -1,0 +1,107 @@
+"""The app's own database connections: one per thread and alias, in autocommit mode.
+
+Lock statements never run on the caller's connection, so a lease taken inside the
+caller's ``transaction.atomic()`` is visible to other processes at once and survives
+the caller's rollback, and a lock statement never waits behind the caller's long
+transaction. The connections follow Django's lifecycle: they are closed at the end of
+a request when Django closes its own (``CONN_MAX_AGE``, health checks), and with the
+thread that opened them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+
+from .backends import for_connection
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+class _PerThread(threading.local):
+    def __init__(self) -> None:
+        self.wrappers: dict[str, BaseDatabaseWrapper] = {}
+
+
+_local = _PerThread()
+#: Every connection of ours still alive, in any thread (for tests and diagnostics).
+_alive: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
+# A forked child must not touch the parent's sockets, not even to close them (that would
+# end the parent's sessions); the inherited wrappers are parked here and forgotten.
+_inherited: list[Any] = []
+
+
+def _forget_after_fork() -> None:
+    global _local
+    _inherited.append(_local)
+    _local = _PerThread()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def get(alias: str) -> BaseDatabaseWrapper:
+    """Return this thread's own autocommit connection to ``alias``, creating it if needed.
+
+    Example::
+
+        with locks.connection.get("default").cursor() as cursor:
+            cursor.execute("SELECT 1")
+    """
+    wrapper = _local.wrappers.get(alias)
+    if wrapper is None:
+        wrapper = connections.create_connection(alias)
+        wrapper.locks_own = True  # type: ignore[attr-defined]  # marks it for on_connect
+        _local.wrappers[alias] = wrapper
+        _alive.add(wrapper)
+    return wrapper
+
+
+def close_old() -> None:
+    """Close this thread's connections that Django would close now (age, errors).
+
+    Connected to ``request_started`` and ``request_finished`` like Django's own
+    ``close_old_connections``.
+
+    Example::
+
+        locks.connection.close_old()
+    """
+    for wrapper in list(_local.wrappers.values()):
+        wrapper.close_if_unusable_or_obsolete()
+
+
+def close() -> None:
+    """Close all of this thread's own connections.
+
+    Example::
+
+        locks.connection.close()  # e.g. before forking worker processes
+    """
+    for wrapper in _local.wrappers.values():
+        wrapper.close()
+
+
+def open_count() -> int:
+    """How many of the app's own connections are open, in every thread.
+
+    Example::
+
+        assert locks.connection.open_count() == 0
+    """
+    return sum(1 for wrapper in list(_alive) if wrapper.connection is not None)
+
+
+def prepare(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """``connection_created`` receiver: set up a new connection of ours for lock statements."""
+    if getattr(connection, "locks_own", False):
+        for_connection(connection).on_connect(connection)
+
+
+def _close_old_signal(**kwargs: Any) -> None:
+    close_old()

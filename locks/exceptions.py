@@ -1,0 +1,64 @@
+"""Exceptions raised by the locks app; all derive from :class:`LockError`."""
+
+from __future__ import annotations
+
+
+class LockError(Exception):
+    """Base class of every error this app raises on purpose.
+
+    Example::
+
+        try:
+            with locks.lock("orders:42", timeout=0):
+                ...
+        except locks.LockError as exc:
+            log.warning("could not run: %s", exc)
+    """
+
+
+class LockBusy(LockError):
+    """Another holder has the lock and the wait (``timeout``) ran out.
+
+    Example::
+
+        try:
+            lease = locks.acquire("orders:42", timeout=5)
+        except locks.LockBusy:
+            return HttpResponse(status=423)
+    """
+
+
+class LockLost(LockError):
+    """The lease is no longer ours: it expired, was taken over, broken or reaped.
+
+    Example::
+
+        try:
+            lease.renew()
+        except locks.LockLost:
+            abort_work()
+    """
+
+
+class StaleToken(LockError):
+    """A write carried a fencing token older than one that already wrote.
+
+    Example::
+
+        try:
+            account.save(fence=lease.token)
+        except locks.StaleToken:
+            pass  # a newer holder wrote first; our view of the world is stale
+    """
+
+
+class ConcurrentUpdate(LockError):
+    """An optimistic (versioned) save lost against a concurrent update.
+
+    Example::
+
+        try:
+            order.save()
+        except locks.ConcurrentUpdate:
+            order.refresh_from_db()
+    """

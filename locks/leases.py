@@ -1,0 +1,496 @@
+"""Lease locks: acquire, try_acquire, lock, Lease.renew/release, and the read/admin calls."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ContextDecorator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import DatabaseError
+
+from . import connection, validation, watchdog
+from .backends import Backend, Released, for_connection
+from .conf import conf
+from .exceptions import LockBusy, LockError, LockLost
+from .identity import default_holder
+
+if TYPE_CHECKING:
+    from django.db.backends.utils import CursorWrapper
+
+logger = logging.getLogger("locks")
+T = TypeVar("T")
+
+HELD, RELEASED, LOST = "held", "released", "lost"
+
+
+def _backoff(attempt: int) -> float:
+    """Exponential backoff, bounded, with jitter so waiters do not retry in lockstep."""
+    cap = min(conf.BACKOFF_MAX, conf.BACKOFF_MIN * 2 ** min(attempt, 30))
+    return cap / 2 + random.uniform(0, cap / 2)
+
+
+def _execute(
+    alias: str, what: str, name: str, operation: Callable[[Backend, CursorWrapper], T]
+) -> T:
+    """Run one backend operation on this thread's own connection, retrying transient errors."""
+    wrapper = connection.get(alias)
+    backend = for_connection(wrapper)
+    if what != "inspect":
+        backend.check_caller(alias)
+    for attempt in itertools.count():
+        try:
+            with wrapper.cursor() as cursor:
+                return operation(backend, cursor)
+        except DatabaseError as exc:
+            if backend.is_transient(exc) and attempt < conf.TRANSIENT_RETRIES:
+                logger.debug("%s %r: transient error, retrying: %s", what, name, exc)
+                time.sleep(_backoff(attempt))
+                continue
+            # A broken connection is replaced on the next call (e.g. after a server restart).
+            wrapper.close_if_unusable_or_obsolete()
+            exc.add_note(f"locks: while trying to {what} lock {name!r} on database {alias!r}")
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _alias(using: Any) -> str:
+    return conf.DATABASE if using is None else validation.check_alias(using)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A validated acquire request; building one is where bad arguments are refused."""
+
+    name: str
+    ttl: float
+    holder: str
+    using: str
+    note: str
+    auto_renew: bool
+
+    @classmethod
+    def build(
+        cls, name: Any, ttl: Any, holder: Any, using: Any, note: Any, auto_renew: Any
+    ) -> _Request:
+        name = validation.check_name(name)
+        ttl = validation.ttl_seconds(conf.DEFAULT_TTL if ttl is None else ttl)
+        holder = default_holder() if holder is None else validation.check_holder(holder)
+        if not isinstance(auto_renew, bool):
+            raise TypeError(f"auto_renew must be True or False, not {auto_renew!r}")
+        return cls(name, ttl, holder, _alias(using), validation.check_note(note), auto_renew)
+
+    def attempt(self) -> Lease | None:
+        started = time.monotonic()
+        grant = _execute(
+            self.using,
+            "acquire",
+            self.name,
+            lambda backend, cursor: backend.acquire(
+                cursor, self.name, self.holder, self.ttl, self.note
+            ),
+        )
+        if grant is None:
+            return None
+        lease = Lease(
+            name=self.name,
+            holder=self.holder,
+            token=grant.token,
+            count=grant.count,
+            acquired_at=grant.acquired_at,
+            expires_at=grant.expires_at,
+            ttl=self.ttl,
+            using=self.using,
+            note=self.note,
+            local_deadline=started + self.ttl,
+        )
+        logger.debug("acquired %r (token %s, count %s)", self.name, grant.token, grant.count)
+        if self.auto_renew:
+            watchdog.watch(lease, lease._renew_interval())
+        return lease
+
+    def wait(self, timeout: float | None) -> Lease:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for attempt in itertools.count():
+            lease = self.attempt()
+            if lease is not None:
+                return lease
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise LockBusy(
+                    f"lock {self.name!r} is held by another holder"
+                    + (f"; gave up after {timeout:g} s" if timeout else "")
+                )
+            pause = _backoff(attempt)
+            time.sleep(pause if deadline is None else min(pause, deadline - now))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+class Lease:
+    """A held lease on a lock name; returned by :func:`acquire`, :func:`try_acquire`, :func:`lock`.
+
+    Attributes: ``name``, ``holder``, ``token`` (fencing token), ``count`` (re-entries
+    at grant), ``acquired_at`` and ``expires_at`` (by the database clock), ``ttl``,
+    ``using``, ``note``.
+
+    Example::
+
+        lease = locks.acquire("orders:42", ttl=30)
+        try:
+            charge(order, fence=lease.token)
+            lease.renew()
+        finally:
+            lease.release()
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        holder: str,
+        token: int,
+        count: int,
+        acquired_at: datetime,
+        expires_at: datetime,
+        ttl: float,
+        using: str,
+        note: str,
+        local_deadline: float,
+    ) -> None:
+        self.name = name
+        self.holder = holder
+        self.token = token
+        self.count = count
+        self.acquired_at = acquired_at
+        self.expires_at = expires_at
+        self.ttl = ttl
+        self.using = using
+        self.note = note
+        # Monotonic time by which the lease is surely over, measured from before the
+        # acquire was sent: never later than the database's own expiry.
+        self._local_deadline = local_deadline
+        self._state = HELD
+        self._mutex = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Lease {self.name!r} holder={self.holder!r} token={self.token} "
+            f"count={self.count} {self._state}>"
+        )
+
+    @property
+    def held(self) -> bool:
+        """True until the lease is released or found lost (it may have expired since).
+
+        Example::
+
+            if lease.held:
+                lease.renew()
+        """
+        return self._state == HELD
+
+    @property
+    def lost(self) -> bool:
+        """True once a renewal (e.g. by the auto-renew watchdog) found the lease gone.
+
+        Example::
+
+            if lease.lost:
+                rollback_work()
+        """
+        return self._state == LOST
+
+    def _renew_interval(self) -> float:
+        return max(self.ttl * conf.RENEW_FRACTION, 0.001)
+
+    def _mark_lost(self) -> None:
+        if self._state == HELD:
+            self._state = LOST
+
+    def _refuse_if_over(self) -> None:
+        if self._state == RELEASED:
+            raise LockError(f"lease on lock {self.name!r} (token {self.token}) was already released")
+        if self._state == LOST:
+            raise LockLost(f"lease on lock {self.name!r} (token {self.token}) was lost")
+
+    def _lost_error(self, why: str) -> LockLost:
+        return LockLost(
+            f"lock {self.name!r} is no longer held by {self.holder!r} with token {self.token}: {why}"
+        )
+
+    def renew(self, ttl: float | timedelta | None = None) -> None:
+        """Extend the lease to at least ``ttl`` (default: its own TTL) from now.
+
+        Raises ``LockLost`` if it expired, was taken over, broken or reaped.
+
+        Example::
+
+            for chunk in chunks:
+                process(chunk)
+                lease.renew()
+        """
+        seconds = self.ttl if ttl is None else validation.ttl_seconds(ttl)
+        with self._mutex:
+            self._refuse_if_over()
+            started = time.monotonic()
+            expires_at = _execute(
+                self.using,
+                "renew",
+                self.name,
+                lambda backend, cursor: backend.renew(
+                    cursor, self.name, self.holder, self.token, seconds
+                ),
+            )
+            if expires_at is None:
+                self._state = LOST
+                raise self._lost_error("it expired, was taken over, broken or reaped")
+            self.expires_at = expires_at
+            self._local_deadline = max(self._local_deadline, started + seconds)
+
+    def release(self) -> None:
+        """Release the lease (one re-entry of it). Owner-checked.
+
+        Raises ``LockLost`` if the lease expired before the release, or was taken over,
+        broken or reaped: the critical section was not protected to its end.
+
+        Example::
+
+            lease = locks.acquire("orders:42")
+            try:
+                ...
+            finally:
+                lease.release()
+        """
+        with self._mutex:
+            if self._state == RELEASED:
+                raise LockError(
+                    f"lease on lock {self.name!r} (token {self.token}) was already released"
+                )
+            outcome = _execute(self.using, "release", self.name, self._release_statements)
+            self._state = RELEASED
+        if outcome is Released.EXPIRED:
+            raise self._lost_error("it expired before it was released")
+        if outcome is Released.MISSING:
+            raise self._lost_error("it was taken over, broken or reaped")
+        logger.debug("released %r (token %s)", self.name, self.token)
+
+    def _release_statements(self, backend: Backend, cursor: CursorWrapper) -> Released:
+        args = (cursor, self.name, self.holder, self.token)
+        # Try the likely case first: one statement when the lease is not re-entered.
+        first, second = backend.release_last, backend.release_reentry
+        if self.count > 1:
+            first, second = second, first
+        outcome = first(*args)
+        return second(*args) if outcome is Released.MISSING else outcome
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _end(self, exc_type is not None)
+
+
+def _end(lease: Lease, failing: bool) -> None:
+    """Release at the end of a ``with`` block without masking the block's own exception."""
+    lost_meanwhile = lease.lost
+    try:
+        lease.release()
+    except LockLost:
+        if failing:
+            logger.warning("lock %r was lost before the end of its block", lease.name)
+            return
+        raise
+    if lost_meanwhile and not failing:
+        raise LockLost(f"lock {lease.name!r} was lost while its block ran (auto-renew failed)")
+
+
+def acquire(
+    name: str,
+    *,
+    ttl: float | timedelta | None = None,
+    timeout: float | timedelta | None = None,
+    holder: str | None = None,
+    using: str | None = None,
+    note: str = "",
+    auto_renew: bool = False,
+) -> Lease:
+    """Acquire the lease on ``name``, waiting up to ``timeout`` seconds (``None``: forever).
+
+    Re-entrant: the same holder acquiring again gets the same token and a higher count.
+    Raises ``LockBusy`` when the wait runs out.
+
+    Example::
+
+        lease = locks.acquire("orders:42", ttl=30, timeout=5)
+        try:
+            ship(order)
+        finally:
+            lease.release()
+    """
+    request = _Request.build(name, ttl, holder, using, note, auto_renew)
+    return request.wait(validation.timeout_seconds(timeout))
+
+
+def try_acquire(
+    name: str,
+    *,
+    ttl: float | timedelta | None = None,
+    holder: str | None = None,
+    using: str | None = None,
+    note: str = "",
+    auto_renew: bool = False,
+) -> Lease | None:
+    """Make one attempt to acquire ``name``; return the lease, or ``None`` if it is held.
+
+    Example::
+
+        lease = locks.try_acquire("reports:nightly", ttl=600)
+        if lease is None:
+            return  # another worker is on it
+    """
+    return _Request.build(name, ttl, holder, using, note, auto_renew).attempt()
+
+
+class LockContext(ContextDecorator):
+    """What :func:`lock` returns: a context manager (and decorator) that holds a lease."""
+
+    def __init__(self, request: _Request, timeout: float | None) -> None:
+        self._request = request
+        self._timeout = timeout
+        self._lease: Lease | None = None
+
+    def _recreate_cm(self) -> LockContext:
+        # Used as a decorator, each call (in any thread) gets its own lease.
+        return LockContext(self._request, self._timeout)
+
+    def __enter__(self) -> Lease:
+        self._lease = self._request.wait(self._timeout)
+        return self._lease
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None and lease._state != RELEASED:
+            _end(lease, exc_type is not None)
+
+
+def lock(
+    name: str,
+    *,
+    ttl: float | timedelta | None = None,
+    timeout: float | timedelta | None = None,
+    holder: str | None = None,
+    using: str | None = None,
+    note: str = "",
+    auto_renew: bool = False,
+) -> LockContext:
+    """Hold the lease on ``name`` for a ``with`` block (or a decorated function).
+
+    With ``auto_renew=True`` a watchdog renews the lease every third of its TTL; if it
+    finds the lease lost, the block raises ``LockLost`` when it ends. Arguments are
+    checked here, before any query.
+
+    Example::
+
+        with locks.lock("orders:42", ttl=30, timeout=5) as lease:
+            ship(order, fence=lease.token)
+
+        @locks.lock("reports:nightly", ttl=60, auto_renew=True)
+        def nightly_report(): ...
+    """
+    request = _Request.build(name, ttl, holder, using, note, auto_renew)
+    return LockContext(request, validation.timeout_seconds(timeout))
+
+
+def is_locked(name: str, *, using: str | None = None) -> bool:
+    """Whether ``name`` has a live (unexpired) holder, by the database clock.
+
+    Example::
+
+        if locks.is_locked("orders:42"):
+            return "busy"
+    """
+    name = validation.check_name(name)
+    return _execute(
+        _alias(using), "inspect", name, lambda backend, cursor: backend.is_locked(cursor, name)
+    )
+
+
+def check_token(name: str, token: int, *, using: str | None = None) -> bool:
+    """Whether ``token`` is the live holder's token of ``name`` (Chubby's CheckSequencer).
+
+    Example::
+
+        if not locks.check_token("orders:42", request_token):
+            raise PermissionDenied("stale lock holder")
+    """
+    name = validation.check_name(name)
+    token = validation.check_token(token)
+    return _execute(
+        _alias(using),
+        "inspect",
+        name,
+        lambda backend, cursor: backend.check_token(cursor, name, token),
+    )
+
+
+def break_lock(name: str, *, using: str | None = None) -> bool:
+    """Delete the lock row of ``name`` whoever holds it; True if a row went.
+
+    The holder learns of it as ``LockLost`` on its next renew or release, and the next
+    holder's token is greater than the broken one's.
+
+    Example::
+
+        locks.break_lock("orders:42")
+    """
+    name = validation.check_name(name)
+    broken = _execute(
+        _alias(using), "break", name, lambda backend, cursor: backend.break_lock(cursor, name)
+    )
+    if broken:
+        logger.warning("broke lock %r", name)
+    return broken
+
+
+def reap_expired(
+    batch_size: int | None = None, *, using: str | None = None, time_budget: float | None = None
+) -> int:
+    """Delete expired lock rows in batches of ``batch_size``; return how many went.
+
+    Each batch is one conditional DELETE judged by the database clock, so a lease renewed
+    a moment ago is never deleted. Stops when a batch comes back short, or when
+    ``time_budget`` seconds have been spent.
+
+    Example::
+
+        deleted = locks.reap_expired(batch_size=1000)
+    """
+    size = validation.check_batch_size(conf.REAP_BATCH_SIZE if batch_size is None else batch_size)
+    budget = validation.timeout_seconds(time_budget)
+    alias = _alias(using)
+    deadline = None if budget is None else time.monotonic() + budget
+    total = 0
+    while True:
+        deleted = _execute(alias, "reap", "*", lambda backend, cursor: backend.reap(cursor, size))
+        total += deleted
+        if deleted < size or (deadline is not None and time.monotonic() >= deadline):
+            break
+    logger.info("reaped %d expired locks on database %r", total, alias)
+    return total

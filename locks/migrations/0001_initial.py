@@ -1,0 +1,58 @@
+"""Create the lock table, and per database the token sequence (and SQLite's triggers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import migrations, models
+
+import locks.fields
+
+
+def create_extras(apps: Any, schema_editor: Any) -> None:
+    from locks.backends import for_connection
+
+    for_connection(schema_editor.connection).create_extras(schema_editor)
+
+
+def drop_extras(apps: Any, schema_editor: Any) -> None:
+    from locks.backends import for_connection
+
+    for_connection(schema_editor.connection).drop_extras(schema_editor)
+
+
+class Migration(migrations.Migration):
+    initial = True
+
+    dependencies: list[tuple[str, str]] = []
+
+    operations = [
+        migrations.CreateModel(
+            name="Lock",
+            fields=[
+                (
+                    "name",
+                    locks.fields.LockNameField(max_length=255, primary_key=True, serialize=False),
+                ),
+                ("holder", models.CharField(max_length=255)),
+                (
+                    "count",
+                    models.PositiveIntegerField(default=1, help_text="re-entries by the holder"),
+                ),
+                (
+                    "token",
+                    models.BigIntegerField(help_text="fencing token of the current holding"),
+                ),
+                ("acquired_at", models.DateTimeField()),
+                ("expires_at", models.DateTimeField(db_index=True)),
+                ("note", models.CharField(blank=True, default="", max_length=255)),
+            ],
+            options={
+                "db_table": "locks_lock",
+                "ordering": ["-acquired_at"],
+                "permissions": [("break_lock", "Can break locks held by others")],
+            },
+        ),
+        # Not atomic: MariaDB cannot run DDL inside a transaction.
+        migrations.RunPython(create_extras, drop_extras, atomic=False),
+    ]

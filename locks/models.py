@@ -1,0 +1,76 @@
+"""Models of the locks app: the ``Lock`` row of a lease."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.sql.compiler import SQLCompiler
+
+from .fields import LockNameField
+
+
+class DatabaseNow(models.Func):
+    """The database server's clock, as the lock statements read it.
+
+    Example::
+
+        Lock.objects.filter(expires_at__gt=DatabaseNow())
+    """
+
+    output_field = models.DateTimeField()
+
+    def as_sql(
+        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, **extra_context: Any
+    ) -> tuple[str, list[Any]]:
+        from .backends import for_connection
+
+        return for_connection(connection).NOW, []
+
+
+class LockQuerySet(models.QuerySet["Lock"]):
+    """Queries over lock rows, judged by the database clock."""
+
+    def held(self) -> LockQuerySet:
+        """Rows whose lease is live.
+
+        Example::
+
+            Lock.objects.held().count()
+        """
+        return self.filter(expires_at__gt=DatabaseNow())
+
+    def expired(self) -> LockQuerySet:
+        """Rows whose lease has expired (the reaper deletes these).
+
+        Example::
+
+            Lock.objects.expired().count()
+        """
+        return self.filter(expires_at__lte=DatabaseNow())
+
+
+class Lock(models.Model):
+    """One row per lock name with a current or expired lease.
+
+    Written only by the lease engine's own statements; read it, never write it.
+    """
+
+    name = LockNameField(max_length=255, primary_key=True)
+    holder = models.CharField(max_length=255)
+    count = models.PositiveIntegerField(default=1, help_text="re-entries by the holder")
+    token = models.BigIntegerField(help_text="fencing token of the current holding")
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+    note = models.CharField(max_length=255, blank=True, default="")
+
+    objects = LockQuerySet.as_manager()
+
+    class Meta:
+        db_table = "locks_lock"
+        ordering = ["-acquired_at"]
+        permissions = [("break_lock", "Can break locks held by others")]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,155 @@
+"""Argument checks that run before any query, so bad input never reaches the database."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+MAX_NAME_LENGTH = 255
+MAX_HOLDER_LENGTH = 255
+MAX_NOTE_LENGTH = 255
+MIN_TTL = 0.001  # SQLite's clock ticks in milliseconds; a shorter lease would be expired at birth.
+MAX_TTL = 366 * 24 * 3600.0  # a lease longer than a year is a bug, not a lease
+MAX_TIMEOUT = 366 * 24 * 3600.0
+
+
+def _text(value: Any, what: str, max_length: int, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"lock {what} must be a str, not {type(value).__name__}: {value!r}")
+    if not value and not allow_empty:
+        raise ValueError(f"lock {what} must not be empty")
+    if len(value) > max_length:
+        raise ValueError(
+            f"lock {what} is {len(value)} characters long; the limit is {max_length}: "
+            f"{value[:40]!r}..."
+        )
+    if "\x00" in value:
+        raise ValueError(f"lock {what} must not contain NUL characters: {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"lock {what} is not valid Unicode text: {value!r}") from exc
+    return value
+
+
+def check_name(name: Any) -> str:
+    """Return ``name`` if it is a usable lock name, else raise ``TypeError``/``ValueError``.
+
+    Example::
+
+        check_name("orders:42")  # -> "orders:42"
+    """
+    return _text(name, "name", MAX_NAME_LENGTH)
+
+
+def check_holder(holder: Any) -> str:
+    """Return ``holder`` if it is a usable holder identity.
+
+    Example::
+
+        check_holder("celery-task-1234")
+    """
+    return _text(holder, "holder", MAX_HOLDER_LENGTH)
+
+
+def check_note(note: Any) -> str:
+    """Return ``note`` (free text for humans, may be empty) if it fits.
+
+    Example::
+
+        check_note("nightly export")
+    """
+    return _text(note, "note", MAX_NOTE_LENGTH, allow_empty=True)
+
+
+def _seconds(value: Any, what: str) -> float:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number of seconds or a timedelta, not {value!r}")
+    return float(value)
+
+
+def ttl_seconds(ttl: Any) -> float:
+    """Return a validated lease length in seconds.
+
+    Example::
+
+        ttl_seconds(30)  # -> 30.0
+    """
+    seconds = _seconds(ttl, "ttl")
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"ttl must be a finite number of seconds, not {ttl!r}")
+    if seconds < MIN_TTL:
+        raise ValueError(f"ttl must be at least {MIN_TTL} seconds, not {ttl!r}")
+    if seconds > MAX_TTL:
+        raise ValueError(f"ttl of {ttl!r} seconds is absurd; the limit is {MAX_TTL:.0f} (a year)")
+    return seconds
+
+
+def timeout_seconds(timeout: Any) -> float | None:
+    """Return a validated wait in seconds; ``None`` (or infinity) waits without limit.
+
+    Example::
+
+        timeout_seconds(0)  # -> 0.0: one attempt only
+    """
+    if timeout is None:
+        return None
+    seconds = _seconds(timeout, "timeout")
+    if math.isnan(seconds):
+        raise ValueError("timeout must be a number of seconds, not NaN")
+    if math.isinf(seconds) and seconds > 0:
+        return None
+    if seconds < 0:
+        raise ValueError(f"timeout must not be negative: {timeout!r}")
+    if seconds > MAX_TIMEOUT:
+        raise ValueError(f"timeout of {timeout!r} seconds is absurd; use None to wait forever")
+    return seconds
+
+
+def check_token(token: Any) -> int:
+    """Return a validated fencing token.
+
+    Example::
+
+        check_token(lease.token)
+    """
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise TypeError(f"fencing token must be an int, not {token!r}")
+    if not 0 < token < 2**63:
+        raise ValueError(f"fencing token out of range: {token!r}")
+    return token
+
+
+def check_batch_size(batch_size: Any) -> int:
+    """Return a validated reaper batch size.
+
+    Example::
+
+        check_batch_size(1000)
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size must be an int, not {batch_size!r}")
+    if not 1 <= batch_size <= 1_000_000:
+        raise ValueError(f"batch_size must be between 1 and 1000000, not {batch_size!r}")
+    return batch_size
+
+
+def check_alias(using: Any) -> str:
+    """Return ``using`` if it names a configured database.
+
+    Example::
+
+        check_alias("default")
+    """
+    from django.db import connections
+
+    if not isinstance(using, str):
+        raise TypeError(f"using must be a database alias (str), not {using!r}")
+    if using not in connections.settings:
+        raise ValueError(
+            f"unknown database alias {using!r}; configured: {sorted(connections.settings)}"
+        )
+    return using

@@ -1,0 +1,108 @@
+"""The auto-renew watchdog: one daemon thread per process renews every auto-renewing lease."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError
+
+from .exceptions import LockLost
+
+if TYPE_CHECKING:
+    from .leases import Lease
+
+logger = logging.getLogger("locks.watchdog")
+
+
+class Watchdog:
+    """Renews watched leases at a fraction of their TTL until they are released.
+
+    It holds only weak references, so a lease dropped without release simply expires; it
+    runs as a daemon thread, so it never keeps a process alive.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: list[tuple[float, int, weakref.ref[Lease]]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, lease: Lease, delay: float) -> None:
+        """Renew ``lease`` ``delay`` seconds from now, and on and on."""
+        with self._cond:
+            heapq.heappush(self._queue, (time.monotonic() + delay, next(self._seq), weakref.ref(lease)))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="locks-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _next_due(self) -> weakref.ref[Lease] | None:
+        with self._cond:
+            while True:
+                if not self._queue:
+                    self._cond.wait(timeout=60)
+                    if not self._queue:
+                        return None
+                    continue
+                due = self._queue[0][0] - time.monotonic()
+                if due <= 0:
+                    return heapq.heappop(self._queue)[2]
+                self._cond.wait(timeout=due)
+
+    def _run(self) -> None:
+        from . import connection
+
+        try:
+            while True:
+                ref = self._next_due()
+                if ref is None:
+                    return  # idle for a minute: the next watch() starts a new thread
+                lease = ref()
+                if lease is not None and lease.held:
+                    self._renew(lease)
+                del lease
+        finally:
+            connection.close()
+
+    def _renew(self, lease: Lease) -> None:
+        try:
+            lease.renew()
+        except LockLost as exc:
+            lease._mark_lost()
+            logger.warning("auto-renew: lease %r lost: %s", lease.name, exc)
+            return
+        except DatabaseError as exc:
+            # Keep trying while the lease may still be ours; give up once it surely is not.
+            remaining = lease._local_deadline - time.monotonic()
+            if remaining <= 0:
+                lease._mark_lost()
+                logger.warning("auto-renew: lease %r lost, renewal kept failing: %s", lease.name, exc)
+                return
+            logger.warning("auto-renew of %r failed, retrying: %s", lease.name, exc)
+            self.watch(lease, min(1.0, remaining / 4))
+            return
+        if lease.held:
+            self.watch(lease, lease._renew_interval())
+
+
+_watchdog = Watchdog()
+
+
+def _reset_after_fork() -> None:
+    global _watchdog
+    _watchdog = Watchdog()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def watch(lease: Lease, delay: float) -> None:
+    """Have the process's watchdog renew ``lease`` in ``delay`` seconds, then periodically."""
+    _watchdog.watch(lease, delay)

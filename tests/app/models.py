@@ -1,0 +1,22 @@
+"""Models used only by the tests."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Counter(models.Model):
+    """A counter that workers update with a non-atomic read-modify-write."""
+
+    name = models.CharField(max_length=100, unique=True)
+    value = models.IntegerField(default=0)
+
+
+class Hold(models.Model):
+    """One critical section as a worker saw it, timed by the database clock."""
+
+    name = models.CharField(max_length=100)
+    worker = models.IntegerField()
+    token = models.BigIntegerField()
+    started = models.DateTimeField()
+    ended = models.DateTimeField()

@@ -1,0 +1,103 @@
+"""Test settings: ``LOCKS_TEST_BACKEND`` (sqlite, postgresql, mariadb) picks the database."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR = BASE_DIR / "var"
+VAR.mkdir(exist_ok=True)
+
+BACKEND = os.environ.get("LOCKS_TEST_BACKEND", "sqlite")
+# Worker processes started by the tests connect to the parent's test databases.
+NAMES: dict[str, str] = json.loads(os.environ.get("LOCKS_TEST_DB_NAMES", "{}"))
+
+
+def _database(alias: str) -> dict[str, Any]:
+    if BACKEND == "sqlite":
+        name = str(VAR / f"test_{alias}.sqlite3")
+        settings: dict[str, Any] = {
+            "ENGINE": "django.db.backends.sqlite3",
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL",
+            },
+        }
+    elif BACKEND == "postgresql":
+        name = f"test_locks_{alias}"
+        settings = {
+            "ENGINE": "django.db.backends.postgresql",
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+            "USER": os.environ.get("PGUSER", "postgres"),
+            "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        }
+    elif BACKEND == "mariadb":
+        name = f"test_locks_{alias}"
+        settings = {
+            "ENGINE": "django.db.backends.mysql",
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_PORT", "3306"),
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
+        }
+    else:
+        raise RuntimeError(f"LOCKS_TEST_BACKEND must be sqlite, postgresql or mariadb: {BACKEND!r}")
+    name = NAMES.get(alias, name)
+    settings["NAME"] = name
+    settings.setdefault("TEST", {})["NAME"] = name
+    return settings
+
+
+DATABASES = {alias: _database(alias) for alias in ("default", "other")}
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "locks",
+    "tests.app",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"locks": {"handlers": ["console"], "level": "WARNING"}},
+}
