@@ -1,0 +1,102 @@
+"""Shared fixtures: the backend under test, worker processes, statement counting."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.test.utils import CaptureQueriesContext
+
+import locks.connection
+from locks.conf import conf
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKEND = os.environ.get("LOCKS_TEST_BACKEND", "sqlite")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Django deletes an old SQLite test database but not its -wal/-shm files, and SQLite
+    # would replay a stale write-ahead log into the new database.
+    for stale in (ROOT / "var").glob("test_*.sqlite3*"):
+        stale.unlink()
+
+
+@pytest.fixture(autouse=True)
+def _close_own_connections() -> Iterator[None]:
+    # The app's own connections outlive a test otherwise, and a server refuses to drop a
+    # test database that still has sessions.
+    yield
+    locks.connection.close()
+
+
+@pytest.fixture
+def backend() -> str:
+    """The backend under test: "sqlite", "postgresql" or "mariadb"."""
+    return BACKEND
+
+
+def worker_env() -> dict[str, str]:
+    """Environment for a worker process that uses this run's test databases."""
+    names = {alias: str(connections[alias].settings_dict["NAME"]) for alias in connections}
+    env = dict(os.environ)
+    env.update(
+        LOCKS_TEST_BACKEND=BACKEND,
+        LOCKS_TEST_DB_NAMES=json.dumps(names),
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        PYTHONPATH=str(ROOT),
+    )
+    return env
+
+
+def spawn(scenario: str, *args: Any) -> subprocess.Popen[str]:
+    """Start ``python -m tests.workers SCENARIO ARGS...`` as a separate OS process.
+
+    It prints one JSON line per event on stdout.
+    """
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.workers", scenario, *map(str, args)],
+        env=worker_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 300) -> list[dict[str, Any]]:
+    """Wait for a worker, fail loudly if it failed, and return its JSON events."""
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, f"worker failed ({process.returncode}):\n{err}"
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def read_event(process: subprocess.Popen[str]) -> dict[str, Any]:
+    """Read the next JSON event a running worker printed."""
+    assert process.stdout is not None
+    while True:
+        line = process.stdout.readline()
+        if not line:
+            err = process.stderr.read() if process.stderr else ""
+            raise AssertionError(f"worker ended without the expected event:\n{err}")
+        if line.startswith("{"):
+            event: dict[str, Any] = json.loads(line)
+            return event
+
+
+@pytest.fixture
+def own_queries() -> Callable[[], CaptureQueriesContext]:
+    """Capture the statements the app runs on its own connection (after it is open)."""
+
+    def capture() -> CaptureQueriesContext:
+        wrapper = locks.connection.get(conf.DATABASE)
+        wrapper.ensure_connection()
+        return CaptureQueriesContext(wrapper)
+
+    return capture

@@ -1,0 +1,120 @@
+"""Worker processes for the multi-process tests: ``python -m tests.workers SCENARIO ARGS``.
+
+Each prints JSON events, one per line, on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import django
+
+
+def emit(**event: Any) -> None:
+    print(json.dumps(event, default=str), flush=True)
+
+
+def contend(worker: int, name: str, rounds: int, ttl: float) -> None:
+    """Critical sections doing a non-atomic read-modify-write, timed by the database clock."""
+    from django.db import connection
+
+    import locks
+    from tests.app.models import Counter, Hold
+
+    for _ in range(rounds):
+        with locks.lock(name, ttl=ttl, timeout=120) as lease:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT {_now()}", [])
+                started = _aware(cursor.fetchone()[0])
+            counter = Counter.objects.get(name=name)
+            counter.value += 1  # deliberately not F(): a second holder would lose updates
+            counter.save(update_fields=["value"])
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT {_now()}", [])
+                ended = _aware(cursor.fetchone()[0])
+            Hold.objects.create(
+                name=name, worker=worker, token=lease.token, started=started, ended=ended
+            )
+    emit(event="done", worker=worker)
+
+
+def _aware(value: Any) -> Any:
+    from django.db import connection
+
+    from locks.backends import for_connection
+
+    return for_connection(connection).to_datetime(value)
+
+
+def _now() -> str:
+    from django.db import connection
+
+    from locks.backends import for_connection
+
+    return for_connection(connection).NOW
+
+
+def hold(name: str, ttl: float, seconds: float, holder: str = "") -> None:
+    """Acquire ``name``, report it, hold it for ``seconds``, release, report."""
+    import locks
+
+    lease = locks.acquire(name, ttl=ttl, timeout=30, holder=holder or None)
+    emit(event="acquired", token=lease.token, holder=lease.holder, count=lease.count)
+    time.sleep(seconds)
+    try:
+        lease.release()
+        emit(event="released")
+    except locks.LockLost as exc:
+        emit(event="lost", error=str(exc))
+
+
+def acquire_only(name: str, ttl: float, holder: str = "") -> None:
+    """Acquire and exit without releasing (the lease outlives the process)."""
+    import locks
+
+    lease = locks.acquire(name, ttl=ttl, timeout=30, holder=holder or None)
+    emit(event="acquired", token=lease.token, holder=lease.holder, count=lease.count)
+
+
+def release_as(name: str, holder: str, ttl: float) -> None:
+    """Re-enter a lease shared by an explicit holder, then release that re-entry."""
+    import locks
+
+    lease = locks.acquire(name, ttl=ttl, timeout=0, holder=holder)
+    emit(event="acquired", token=lease.token, count=lease.count)
+    lease.release()
+    emit(event="released")
+
+
+def probe(name: str) -> None:
+    """Report whether ``name`` looks locked from another process, and try it."""
+    import locks
+
+    lease = locks.try_acquire(name, ttl=5)
+    emit(event="probe", locked=lease is None)
+    if lease is not None:
+        lease.release()
+
+
+SCENARIOS = {
+    "contend": lambda a: contend(int(a[0]), a[1], int(a[2]), float(a[3])),
+    "hold": lambda a: hold(a[0], float(a[1]), float(a[2]), *a[3:]),
+    "acquire_only": lambda a: acquire_only(a[0], float(a[1]), *a[2:]),
+    "release_as": lambda a: release_as(a[0], a[1], float(a[2])),
+    "probe": lambda a: probe(a[0]),
+}
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    django.setup()
+    scenario, *args = sys.argv[1:]
+    SCENARIOS[scenario](args)
+
+
+if __name__ == "__main__":
+    main()
