@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
@@ -76,7 +76,7 @@ def check_database(
     problem = _version_problem(connection)
     if problem:
         errors.append(Error(f"Database {alias!r}: {problem}.", id="locks.E003"))
-    if connection.vendor == "sqlite" and connection.is_in_memory_db():
+    if connection.vendor == "sqlite" and cast(Any, connection).is_in_memory_db():
         errors.append(
             Warning(
                 f"Database {alias!r} is an in-memory SQLite database: locks held there are "

@@ -38,31 +38,31 @@ class Settings:
         return user.get(key, DEFAULTS[key]) if isinstance(user, dict) else DEFAULTS[key]
 
     @property
-    def DATABASE(self) -> str:  # noqa: N802 - settings keep Django's upper case
+    def DATABASE(self) -> str:
         return str(self._get("DATABASE"))
 
     @property
-    def DEFAULT_TTL(self) -> float:  # noqa: N802
+    def DEFAULT_TTL(self) -> float:
         return float(self._get("DEFAULT_TTL"))
 
     @property
-    def BACKOFF_MIN(self) -> float:  # noqa: N802
+    def BACKOFF_MIN(self) -> float:
         return float(self._get("BACKOFF_MIN"))
 
     @property
-    def BACKOFF_MAX(self) -> float:  # noqa: N802
+    def BACKOFF_MAX(self) -> float:
         return float(self._get("BACKOFF_MAX"))
 
     @property
-    def TRANSIENT_RETRIES(self) -> int:  # noqa: N802
+    def TRANSIENT_RETRIES(self) -> int:
         return int(self._get("TRANSIENT_RETRIES"))
 
     @property
-    def REAP_BATCH_SIZE(self) -> int:  # noqa: N802
+    def REAP_BATCH_SIZE(self) -> int:
         return int(self._get("REAP_BATCH_SIZE"))
 
     @property
-    def RENEW_FRACTION(self) -> float:  # noqa: N802
+    def RENEW_FRACTION(self) -> float:
         return float(self._get("RENEW_FRACTION"))
 
 

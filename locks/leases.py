@@ -33,7 +33,7 @@ HELD, RELEASED, LOST = "held", "released", "lost"
 
 def _backoff(attempt: int) -> float:
     """Exponential backoff, bounded, with jitter so waiters do not retry in lockstep."""
-    cap = min(conf.BACKOFF_MAX, conf.BACKOFF_MIN * 2 ** min(attempt, 30))
+    cap = min(conf.BACKOFF_MAX, conf.BACKOFF_MIN * 2.0 ** min(attempt, 30))
     return cap / 2 + random.uniform(0, cap / 2)
 
 
@@ -216,13 +216,16 @@ class Lease:
 
     def _refuse_if_over(self) -> None:
         if self._state == RELEASED:
-            raise LockError(f"lease on lock {self.name!r} (token {self.token}) was already released")
+            raise LockError(
+                f"lease on lock {self.name!r} (token {self.token}) was already released"
+            )
         if self._state == LOST:
             raise LockLost(f"lease on lock {self.name!r} (token {self.token}) was lost")
 
     def _lost_error(self, why: str) -> LockLost:
         return LockLost(
-            f"lock {self.name!r} is no longer held by {self.holder!r} with token {self.token}: {why}"
+            f"lock {self.name!r} is no longer held by {self.holder!r} "
+            f"with token {self.token}: {why}"
         )
 
     def renew(self, ttl: float | timedelta | None = None) -> None:

@@ -22,8 +22,14 @@ class DatabaseNow(models.Func):
     output_field = models.DateTimeField()
 
     def as_sql(
-        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, **extra_context: Any
-    ) -> tuple[str, list[Any]]:
+        self,
+        compiler: SQLCompiler,
+        connection: BaseDatabaseWrapper,
+        function: str | None = None,
+        template: str | None = None,
+        arg_joiner: str | None = None,
+        **extra_context: Any,
+    ) -> tuple[str, list[str | int]]:
         from .backends import for_connection
 
         return for_connection(connection).NOW, []
@@ -73,4 +79,4 @@ class Lock(models.Model):
         permissions = [("break_lock", "Can break locks held by others")]
 
     def __str__(self) -> str:
-        return self.name
+        return str(self.name)

@@ -120,7 +120,7 @@ def check_token(token: Any) -> int:
         raise TypeError(f"fencing token must be an int, not {token!r}")
     if not 0 < token < 2**63:
         raise ValueError(f"fencing token out of range: {token!r}")
-    return token
+    return int(token)
 
 
 def check_batch_size(batch_size: Any) -> int:
@@ -134,7 +134,7 @@ def check_batch_size(batch_size: Any) -> int:
         raise TypeError(f"batch_size must be an int, not {batch_size!r}")
     if not 1 <= batch_size <= 1_000_000:
         raise ValueError(f"batch_size must be between 1 and 1000000, not {batch_size!r}")
-    return batch_size
+    return int(batch_size)
 
 
 def check_alias(using: Any) -> str:

@@ -37,9 +37,13 @@ class Watchdog:
     def watch(self, lease: Lease, delay: float) -> None:
         """Renew ``lease`` ``delay`` seconds from now, and on and on."""
         with self._cond:
-            heapq.heappush(self._queue, (time.monotonic() + delay, next(self._seq), weakref.ref(lease)))
+            heapq.heappush(
+                self._queue, (time.monotonic() + delay, next(self._seq), weakref.ref(lease))
+            )
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="locks-watchdog", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="locks-watchdog", daemon=True
+                )
                 self._thread.start()
             self._cond.notify()
 
@@ -83,7 +87,9 @@ class Watchdog:
             remaining = lease._local_deadline - time.monotonic()
             if remaining <= 0:
                 lease._mark_lost()
-                logger.warning("auto-renew: lease %r lost, renewal kept failing: %s", lease.name, exc)
+                logger.warning(
+                    "auto-renew: lease %r lost, renewal kept failing: %s", lease.name, exc
+                )
                 return
             logger.warning("auto-renew of %r failed, retrying: %s", lease.name, exc)
             self.watch(lease, min(1.0, remaining / 4))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from tests.app.models import Counter, Hold
@@ -25,6 +27,6 @@ def test_processes_never_overlap_and_tokens_rise_in_hold_order() -> None:
     holds = list(Hold.objects.filter(name="contended").order_by("started"))
     assert len(holds) == WORKERS * ROUNDS
     assert {hold.worker for hold in holds} == set(range(WORKERS))
-    for before, after in zip(holds, holds[1:], strict=False):
+    for before, after in itertools.pairwise(holds):
         assert before.ended <= after.started, f"overlapping holds: {before} / {after}"
         assert before.token < after.token, "fencing tokens must rise in hold order"

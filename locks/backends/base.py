@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.backends.utils import CursorWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+    from django.db.backends.utils import CursorWrapper
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +75,7 @@ class Backend:
 
     def check_token(self, cursor: CursorWrapper, name: str, token: int) -> bool:
         cursor.execute(
-            "SELECT 1 FROM locks_lock WHERE name = %s AND token = %s"
-            f" AND expires_at > {self.NOW}",
+            f"SELECT 1 FROM locks_lock WHERE name = %s AND token = %s AND expires_at > {self.NOW}",
             [name, token],
         )
         return cursor.fetchone() is not None

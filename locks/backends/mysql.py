@@ -113,7 +113,7 @@ class MySQLBackend(Backend):
         return int(cursor.rowcount)
 
     def is_transient(self, exc: BaseException) -> bool:
-        args = getattr(exc, "args", ())
+        args: tuple[Any, ...] = exc.args
         return bool(args) and args[0] in TRANSIENT_CODES
 
     def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:

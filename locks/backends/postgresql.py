@@ -88,7 +88,12 @@ class PostgreSQLBackend(Backend):
     def acquire(
         self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
     ) -> Grant | None:
-        params = {"name": name, "holder": holder, "ttl": timedelta(seconds=ttl), "note": note}
+        params: dict[str, Any] = {
+            "name": name,
+            "holder": holder,
+            "ttl": timedelta(seconds=ttl),
+            "note": note,
+        }
         cursor.execute(ACQUIRE, params)
         row = cursor.fetchone()
         if row is None:
@@ -98,7 +103,8 @@ class PostgreSQLBackend(Backend):
     def renew(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
     ) -> datetime | None:
-        cursor.execute(RENEW, [timedelta(seconds=ttl), name, holder, token])
+        params: list[Any] = [timedelta(seconds=ttl), name, holder, token]
+        cursor.execute(RENEW, params)
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 

@@ -98,7 +98,12 @@ class SQLiteBackend(Backend):
     def acquire(
         self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
     ) -> Grant | None:
-        params = {"name": name, "holder": holder, "ttl": _modifier(ttl), "note": note}
+        params: dict[str, Any] = {
+            "name": name,
+            "holder": holder,
+            "ttl": _modifier(ttl),
+            "note": note,
+        }
         cursor.execute(ACQUIRE, params)
         row = cursor.fetchone()
         if row is None:
@@ -108,7 +113,12 @@ class SQLiteBackend(Backend):
     def renew(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
     ) -> datetime | None:
-        params = {"name": name, "holder": holder, "token": token, "ttl": _modifier(ttl)}
+        params: dict[str, Any] = {
+            "name": name,
+            "holder": holder,
+            "token": token,
+            "ttl": _modifier(ttl),
+        }
         cursor.execute(RENEW, params)
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])

@@ -11,6 +11,9 @@ class Counter(models.Model):
     name = models.CharField(max_length=100, unique=True)
     value = models.IntegerField(default=0)
 
+    def __str__(self) -> str:
+        return f"{self.name}={self.value}"
+
 
 class Hold(models.Model):
     """One critical section as a worker saw it, timed by the database clock."""
@@ -20,3 +23,6 @@ class Hold(models.Model):
     token = models.BigIntegerField()
     started = models.DateTimeField()
     ended = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} by {self.worker} token {self.token}: {self.started}..{self.ended}"
