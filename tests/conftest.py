@@ -55,13 +55,14 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def spawn(scenario: str, *args: Any) -> subprocess.Popen[str]:
-    """Start ``python -m tests.workers SCENARIO ARGS...`` as a separate OS process.
+def spawn(scenario: str, *args: Any, module: str = "tests.workers") -> subprocess.Popen[str]:
+    """Start ``python -m MODULE SCENARIO ARGS...`` as a separate OS process.
 
-    It prints one JSON line per event on stdout.
+    ``MODULE`` is a worker module like ``tests/workers.py``; it prints one JSON line per
+    event on stdout.
     """
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.workers", scenario, *map(str, args)],
+        [sys.executable, "-m", module, scenario, *map(str, args)],
         env=worker_env(),
         cwd=ROOT,
         stdout=subprocess.PIPE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -12,6 +13,9 @@ VAR = BASE_DIR / "var"
 VAR.mkdir(exist_ok=True)
 
 BACKEND = os.environ.get("LOCKS_TEST_BACKEND", "sqlite")
+# Server database names carry a tag of the checkout, so two checkouts on one machine can
+# run their suites at the same time without dropping each other's test databases.
+CHECKOUT = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:6]
 # Worker processes started by the tests connect to the parent's test databases.
 NAMES: dict[str, str] = json.loads(os.environ.get("LOCKS_TEST_DB_NAMES", "{}"))
 
@@ -28,7 +32,7 @@ def _database(alias: str) -> dict[str, Any]:
             },
         }
     elif BACKEND == "postgresql":
-        name = f"test_locks_{alias}"
+        name = f"test_locks_{CHECKOUT}_{alias}"
         settings = {
             "ENGINE": "django.db.backends.postgresql",
             "HOST": os.environ.get("PGHOST", "127.0.0.1"),
@@ -37,7 +41,7 @@ def _database(alias: str) -> dict[str, Any]:
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
         }
     elif BACKEND == "mariadb":
-        name = f"test_locks_{alias}"
+        name = f"test_locks_{CHECKOUT}_{alias}"
         settings = {
             "ENGINE": "django.db.backends.mysql",
             "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
