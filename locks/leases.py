@@ -257,11 +257,13 @@ class Lease:
             self.expires_at = expires_at
             self._local_deadline = max(self._local_deadline, started + seconds)
 
-    def release(self) -> None:
-        """Release the lease (one re-entry of it). Owner-checked.
+    def release(self, *, entirely: bool = False) -> None:
+        """Release the lease (one re-entry of it; with ``entirely=True``, the whole holding).
 
-        Raises ``LockLost`` if the lease expired before the release, or was taken over,
-        broken or reaped: the critical section was not protected to its end.
+        Owner-checked. Raises ``LockLost`` if the lease expired before the release, or was
+        taken over, broken or reaped: the critical section was not protected to its end.
+        ``entirely`` ends every re-entry of this holding at once, e.g. when a worker
+        finishes a job whose lease was re-entered by several processes sharing a holder.
 
         Example::
 
@@ -276,7 +278,12 @@ class Lease:
                 raise LockError(
                     f"lease on lock {self.name!r} (token {self.token}) was already released"
                 )
-            outcome = _execute(self.using, "release", self.name, self._release_statements)
+            outcome = _execute(
+                self.using,
+                "release",
+                self.name,
+                lambda backend, cursor: self._release_statements(backend, cursor, entirely),
+            )
             self._state = RELEASED
         if outcome is Released.EXPIRED:
             raise self._lost_error("it expired before it was released")
@@ -284,14 +291,18 @@ class Lease:
             raise self._lost_error("it was taken over, broken or reaped")
         logger.debug("released %r (token %s)", self.name, self.token)
 
-    def _release_statements(self, backend: Backend, cursor: CursorWrapper) -> Released:
+    def _release_statements(
+        self, backend: Backend, cursor: CursorWrapper, entirely: bool
+    ) -> Released:
         args = (cursor, self.name, self.holder, self.token)
+        if entirely:
+            return backend.release_last(*args, entirely=True)
         # Try the likely case first: one statement when the lease is not re-entered.
-        first, second = backend.release_last, backend.release_reentry
         if self.count > 1:
-            first, second = second, first
-        outcome = first(*args)
-        return second(*args) if outcome is Released.MISSING else outcome
+            outcome = backend.release_reentry(*args)
+            return backend.release_last(*args) if outcome is Released.MISSING else outcome
+        outcome = backend.release_last(*args)
+        return backend.release_reentry(*args) if outcome is Released.MISSING else outcome
 
     def __enter__(self) -> Lease:
         return self

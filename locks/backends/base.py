@@ -57,8 +57,10 @@ class Backend:
         """Extend a live holding to at least now + ttl; ``None`` if it is not ours or expired."""
         raise NotImplementedError
 
-    def release_last(self, cursor: CursorWrapper, name: str, holder: str, token: int) -> Released:
-        """Delete our row if it is the last re-entry, or if it expired."""
+    def release_last(
+        self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
+    ) -> Released:
+        """Delete our row if it is the last re-entry, if it expired, or if ``entirely``."""
         raise NotImplementedError
 
     def release_reentry(

@@ -53,7 +53,7 @@ READ_EXPIRY = "SELECT expires_at FROM locks_lock WHERE name = %s AND holder = %s
 
 RELEASE_LAST = f"""
 DELETE FROM locks_lock
-WHERE name = %s AND holder = %s AND token = %s AND (count = 1 OR {EXPIRED})
+WHERE name = %s AND holder = %s AND token = %s AND (count = 1 OR {EXPIRED} OR %s)
 RETURNING expires_at > {NOW}
 """
 
@@ -95,8 +95,10 @@ class MySQLBackend(Backend):
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
-    def release_last(self, cursor: CursorWrapper, name: str, holder: str, token: int) -> Released:
-        cursor.execute(RELEASE_LAST, [name, holder, token])
+    def release_last(
+        self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
+    ) -> Released:
+        cursor.execute(RELEASE_LAST, [name, holder, token, entirely])
         row = cursor.fetchone()
         if row is None:
             return Released.MISSING

@@ -52,7 +52,7 @@ RETURNING expires_at
 RELEASE_LAST = """
 DELETE FROM locks_lock
 WHERE name = %s AND holder = %s AND token = %s
-  AND (count = 1 OR expires_at <= statement_timestamp())
+  AND (count = 1 OR expires_at <= statement_timestamp() OR %s)
 RETURNING expires_at > statement_timestamp()
 """
 
@@ -108,8 +108,10 @@ class PostgreSQLBackend(Backend):
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
-    def release_last(self, cursor: CursorWrapper, name: str, holder: str, token: int) -> Released:
-        cursor.execute(RELEASE_LAST, [name, holder, token])
+    def release_last(
+        self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
+    ) -> Released:
+        cursor.execute(RELEASE_LAST, [name, holder, token, entirely])
         row = cursor.fetchone()
         if row is None:
             return Released.MISSING
