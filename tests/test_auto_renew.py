@@ -12,6 +12,7 @@ import pytest
 
 import locks
 from locks import watchdog
+from locks.models import Lock
 from tests.conftest import finish, spawn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,7 +67,7 @@ def test_watchdog_stops_renewing_after_release() -> None:
     first_expiry = other.expires_at
     time.sleep(0.8)
     assert not locks.is_locked("orders:1")
-    assert locks.models.Lock.objects.get(name="orders:1").expires_at == first_expiry
+    assert Lock.objects.get(name="orders:1").expires_at == first_expiry
     assert wait_for(lambda: not watchdog._watchdog._queue, 2)
 
 

@@ -13,6 +13,7 @@ from django.test import override_settings
 import locks
 from locks.backends import for_connection
 from locks.conf import conf
+from locks.models import Lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,7 +77,7 @@ def test_retries_are_bounded_and_the_error_names_the_lock(backend: str) -> None:
         locks.acquire("x", timeout=0, holder="new")
     thread.join()
     assert "while trying to acquire lock 'x'" in "".join(raised.value.__notes__)
-    assert locks.models.Lock.objects.get(name="x").holder == "old"
+    assert Lock.objects.get(name="x").holder == "old"
 
 
 def test_transient_errors_are_told_apart_from_others(backend: str) -> None:
