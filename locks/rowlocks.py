@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
+import time
 from contextlib import ContextDecorator, ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -166,6 +168,35 @@ def _lock_database(
     return atomic
 
 
+def _take(name: str, wait: _Wait, alias: str) -> transaction.Atomic | None:
+    """Take the row lock; retry a deadlock when the transaction is ours to start again."""
+    from .leases import _backoff
+
+    connection = connections[alias]
+    backend = for_connection(connection)
+    take = _lock_row if backend.has_row_locks else _lock_database
+    # A deadlock rolls back the whole transaction; only one of our own can simply be retried.
+    retries = 0 if connection.in_atomic_block else conf.TRANSIENT_RETRIES
+    deadline = None if wait.timeout is None else time.monotonic() + wait.timeout
+    requested = wait
+    for attempt in itertools.count():
+        try:
+            return take(connection, backend, alias, name, wait)
+        except DatabaseError as exc:
+            if backend.is_lock_busy(exc):
+                raise requested.busy(f"row lock {name!r}", alias, backend, exc) from exc
+            if backend.is_deadlock(exc) and attempt < retries:
+                # Sessions creating the same new row at once can deadlock on MariaDB.
+                logger.debug("row lock %r: deadlock, retrying: %s", name, exc)
+                time.sleep(_backoff(attempt))
+                if deadline is not None:
+                    wait = replace(wait, timeout=max(deadline - time.monotonic(), 0.001))
+                continue
+            exc.add_note(f"locks: while taking row lock {name!r} on database {alias!r}")
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 class RowLockContext(ContextDecorator):
     """What :func:`row_lock` returns: a context manager (and decorator) holding a row lock."""
 
@@ -184,17 +215,7 @@ class RowLockContext(ContextDecorator):
 
         if self._atomic is not None:
             raise LockError(f"row lock {self.name!r} is already held by this context manager")
-        connection = connections[self.using]
-        backend = for_connection(connection)
-        take = _lock_row if backend.has_row_locks else _lock_database
-        try:
-            self._atomic = take(connection, backend, self.using, self.name, self._wait)
-        except DatabaseError as exc:
-            if backend.is_lock_busy(exc):
-                what = f"row lock {self.name!r}"
-                raise self._wait.busy(what, self.using, backend, exc) from exc
-            exc.add_note(f"locks: while taking row lock {self.name!r} on database {self.using!r}")
-            raise
+        self._atomic = _take(self.name, self._wait, self.using)
         if self._atomic is None:
             logger.debug("row lock %r is held elsewhere: skipped", self.name)
             return None

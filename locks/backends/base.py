@@ -176,6 +176,10 @@ class Backend:
         """Whether ``exc`` says a lock wait gave up: NOWAIT, a lock timeout, a busy database."""
         return False
 
+    def is_deadlock(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a deadlock, which rolled back the whole transaction."""
+        return False
+
     def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
         """The session settings :meth:`bounded_wait` may touch, as they are now."""
         return {}

@@ -78,6 +78,7 @@ INSERT_ROW_LOCK = "INSERT IGNORE INTO locks_rowlock (name) VALUES (%s) RETURNING
 NO_LOCK_WAIT = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR "
 # Lock wait timeout (also what NOWAIT raises on MariaDB), max_statement_time, MySQL's NOWAIT.
 LOCK_BUSY_CODES = frozenset({1205, 1969, 3572})
+DEADLOCK = 1213
 
 
 def _micros(seconds: float) -> int:
@@ -186,6 +187,10 @@ class MySQLBackend(Backend):
     def is_lock_busy(self, exc: BaseException) -> bool:
         args: tuple[Any, ...] = exc.args
         return bool(args) and args[0] in LOCK_BUSY_CODES
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        args: tuple[Any, ...] = exc.args
+        return bool(args) and args[0] == DEADLOCK
 
     def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
         with connection.cursor() as cursor:

@@ -95,6 +95,7 @@ FROM (SELECT current_setting('lock_timeout') AS old OFFSET 0) AS previous
 """
 RESTORE_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
 LOCK_NOT_AVAILABLE = "55P03"  # NOWAIT, or lock_timeout ran out
+DEADLOCK = "40P01"
 
 
 class PostgreSQLBackend(Backend):
@@ -179,6 +180,9 @@ class PostgreSQLBackend(Backend):
 
     def is_lock_busy(self, exc: BaseException) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        return getattr(exc.__cause__, "sqlstate", None) == DEADLOCK
 
     def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
         with connection.cursor() as cursor:
