@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,6 +124,11 @@ def test_writes_in_the_block_commit_or_roll_back_with_the_lock() -> None:
         Item.objects.create(name="dropped")
         raise RuntimeError("the block fails")
     assert list(Item.objects.values_list("name", flat=True)) == ["kept"]
+
+
+def test_a_transaction_can_take_its_own_row_lock_again() -> None:
+    with locks.row_lock("orders:16"), locks.row_lock("orders:16", nowait=True) as again:
+        assert again is not None
 
 
 def test_row_lock_works_as_a_decorator() -> None:
@@ -266,6 +272,28 @@ def test_processes_creating_and_taking_the_same_new_rows_never_overlap(
     # A second holder at any moment would lose one of the non-atomic increments.
     assert set(Counter.objects.values_list("value", flat=True)) == {len(workers)}
     assert RowLock.objects.count() == len(names)
+
+
+@pytest.mark.skipif(
+    not BACKEND.creates_row_in_transaction,
+    reason="only where a new row is inserted inside the caller's transaction (MariaDB) can "
+    "sessions that create it at once deadlock",
+)
+def test_sessions_that_deadlock_creating_one_new_row_both_get_the_lock(
+    start: Callable[[], Remote], tmp_path: Path
+) -> None:
+    gate = tmp_path / "go"
+    late = [start(), start()]
+    for worker in late:  # both found no row and stop right before inserting it
+        worker.send("lock_after_pause", name="new", gate=str(gate))
+        assert worker.reply()["event"] == "paused"
+    first = holding(start, "new")  # inserts the row; not committed yet
+    gate.touch()
+    time.sleep(0.5)  # both inserts now wait for the first; they get shared locks together
+    first.call("commit")
+    for worker in late:  # each then wants the row exclusively: a deadlock, and a retry
+        event = worker.reply()
+        assert event["ok"] and event["locked"], event
 
 
 # --- lock_rows -------------------------------------------------------------------------------

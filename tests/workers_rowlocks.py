@@ -46,6 +46,27 @@ class Session:
         )
         return {"locked": row is not None}
 
+    def lock_after_pause(self, name: str, gate: str) -> dict[str, Any]:
+        """Take and release row_lock(name), stopping before its row is created until ``gate``
+        exists (a file); prints a ``paused`` event when it stops."""
+        from django.db import connection
+
+        import locks
+
+        paused = False
+
+        def pause(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            nonlocal paused
+            if not paused and "INSERT" in sql and "locks_rowlock" in sql:
+                paused = True
+                emit(event="paused")
+                while not os.path.exists(gate):
+                    time.sleep(0.01)
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(pause), locks.row_lock(name) as row:
+            return {"locked": row is not None}
+
     def hold_rows(
         self, pks: list[int], nowait: bool = False, skip_locked: bool = False
     ) -> dict[str, Any]:
