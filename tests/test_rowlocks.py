@@ -250,7 +250,11 @@ def test_lock_busy_in_a_nested_row_lock_leaves_the_outer_transaction_usable(
     assert sorted(Item.objects.values_list("name", flat=True)) == ["after", "before"]
 
 
-@NEEDS_ROW_LOCKS
+@pytest.mark.skipif(
+    not BACKEND.has_row_locks,
+    reason="SQLite: a row lock is the database's write lock, which every other writer, "
+    "lease statements included, waits for (documented)",
+)
 def test_row_locks_and_leases_of_one_name_do_not_interfere(start: Callable[[], Remote]) -> None:
     holding(start, "orders:13")
     lease = locks.try_acquire("orders:13", ttl=5)
@@ -294,6 +298,26 @@ def test_sessions_that_deadlock_creating_one_new_row_both_get_the_lock(
     for worker in late:  # each then wants the row exclusively: a deadlock, and a retry
         event = worker.reply()
         assert event["ok"] and event["locked"], event
+
+
+@pytest.mark.skipif(not BACKEND.has_row_locks, reason="SQLite has no isolation levels")
+def test_a_row_created_after_a_repeatable_read_snapshot(start: Callable[[], Remote]) -> None:
+    other = start()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        Item.objects.count()  # the snapshot is taken here
+        assert other.call("hold", name="late")["ok"]  # creates the row after the snapshot
+        assert other.call("commit")["ok"]
+        if connection.vendor == "postgresql":
+            # Even a locking read cannot see a row newer than the snapshot: a clear error.
+            with pytest.raises(locks.LockError, match="snapshot"), locks.row_lock("late"):
+                pytest.fail("the block must not run")
+            assert Item.objects.count() == 0  # the outer transaction is still usable
+        else:
+            # MariaDB's locking reads see the newest committed row.
+            with locks.row_lock("late") as row:
+                assert row is not None
 
 
 # --- lock_rows -------------------------------------------------------------------------------
