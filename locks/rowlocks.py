@@ -69,7 +69,7 @@ class _Wait:
         """The bound for a database whose one write lock stands in for row locks."""
         return 0.0 if self.immediate else self.timeout
 
-    def busy(self, what: str, alias: str, backend: Backend, exc: DatabaseError) -> LockBusy:
+    def busy(self, what: str, alias: str, backend: Backend) -> LockBusy:
         scope = "" if backend.has_row_locks else " (SQLite: a row lock is the database write lock)"
         waited = " (nowait)" if self.nowait else f"; gave up after {self.timeout:g} s"
         if not self.nowait and self.timeout is None:
@@ -184,7 +184,7 @@ def _take(name: str, wait: _Wait, alias: str) -> transaction.Atomic | None:
             return take(connection, backend, alias, name, wait)
         except DatabaseError as exc:
             if backend.is_lock_busy(exc):
-                raise requested.busy(f"row lock {name!r}", alias, backend, exc) from exc
+                raise requested.busy(f"row lock {name!r}", alias, backend) from exc
             if backend.is_deadlock(exc) and attempt < retries:
                 # Sessions creating the same new row at once can deadlock on MariaDB.
                 logger.debug("row lock %r: deadlock, retrying: %s", name, exc)
@@ -323,7 +323,7 @@ def lock_rows(
             return list(locking)
     except DatabaseError as exc:
         if backend.is_lock_busy(exc):
-            raise wait.busy(what, alias, backend, exc) from exc
+            raise wait.busy(what, alias, backend) from exc
         raise
     raise AssertionError("unreachable")  # pragma: no cover
 

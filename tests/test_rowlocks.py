@@ -235,6 +235,22 @@ def test_a_nested_row_lock_lasts_until_the_outer_transaction_ends(
     assert free["ok"] and free["locked"], free
 
 
+def test_a_nested_row_lock_whose_block_fails_is_released_with_its_savepoint(
+    start: Callable[[], Remote],
+) -> None:
+    with locks.row_lock("orders:17"):
+        pass  # the row exists from now on
+    other = start()
+    with transaction.atomic():
+        with pytest.raises(RuntimeError), locks.row_lock("orders:17"):
+            raise RuntimeError("the block fails: its savepoint is rolled back")
+        probe = other.call("hold", name="orders:17", nowait=True)
+        # PostgreSQL and MariaDB drop row locks taken after a savepoint when rolling back
+        # to it; on SQLite the outer transaction holds the write lock anyway.
+        assert probe["ok"] is BACKEND.has_row_locks, probe
+        other.call("commit")
+
+
 @NEEDS_ROW_LOCKS
 def test_lock_busy_in_a_nested_row_lock_leaves_the_outer_transaction_usable(
     start: Callable[[], Remote],

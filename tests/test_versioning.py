@@ -94,6 +94,10 @@ def test_a_bulk_update_increments_the_version_so_older_copies_are_refused() -> N
     with pytest.raises(locks.ConcurrentUpdate):
         note.save()
     assert stored(note.pk) == ("bulk", "", 2)
+    copy = VersionedNote.objects.get(pk=note.pk)
+    copy.body = "bulk_update"
+    VersionedNote.objects.bulk_update([copy], ["body"])
+    assert stored(note.pk) == ("bulk", "bulk_update", 3)
 
 
 def test_two_processes_saving_the_same_row_lose_no_update(start: Callable[[], Remote]) -> None:
