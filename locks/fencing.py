@@ -17,7 +17,13 @@ FENCE = "fence"
 
 
 class FencedQuerySet(models.QuerySet[_F]):
-    """Queries over a :class:`FencedModel`; adds :meth:`fenced_update`."""
+    """Queries over a :class:`FencedModel`; adds :meth:`fenced_update`.
+
+    Example::
+
+        class Account(FencedModel):
+            objects = FencedQuerySet.as_manager()  # what FencedModel sets already
+    """
 
     def fenced_update(self, token: int, **values: Any) -> int:
         """Update every row of this queryset and set its fence to ``token``, or none of them.

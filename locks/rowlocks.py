@@ -198,7 +198,13 @@ def _take(name: str, wait: _Wait, alias: str) -> transaction.Atomic | None:
 
 
 class RowLockContext(ContextDecorator):
-    """What :func:`row_lock` returns: a context manager (and decorator) holding a row lock."""
+    """What :func:`row_lock` returns: a context manager (and decorator) holding a row lock.
+
+    Example::
+
+        with locks.row_lock("orders:42", nowait=True) as row:
+            ...
+    """
 
     def __init__(self, name: str, wait: _Wait, using: str) -> None:
         self.name = name

@@ -47,6 +47,11 @@ class VersionedQuerySet(models.QuerySet[_V]):
     """Queries over a :class:`VersionedModel`: ``update()`` increments the version too.
 
     So a bulk update also refuses the saves of copies loaded before it.
+
+    Example::
+
+        class Document(VersionedModel):
+            objects = VersionedQuerySet.as_manager()  # what VersionedModel sets already
     """
 
     def update(self, **kwargs: Any) -> int:
