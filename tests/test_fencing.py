@@ -189,15 +189,14 @@ def test_a_paused_holder_wakes_up_to_stale_token_and_the_newer_holders_data_stan
     record = FencedRecord.objects.create(key="shared", data="initial")
     a, b = start(), start()
     # A holds a short lease that its watchdog keeps renewing while A runs.
-    first = a.call("acquire", name="shared", ttl=1.0, auto_renew=True)
+    first = a.call("acquire", name="shared", ttl=2.0, auto_renew=True)
     assert first["ok"], first
+    assert locks.check_token("shared", first["token"])
     a.kill(signal.SIGSTOP)  # a GC pause, swap, a debugger: A cannot renew now
-    paused_at = time.monotonic()
-    deadline = paused_at + 30
-    while locks.is_locked("shared"):
+    deadline = time.monotonic() + 30
+    while locks.is_locked("shared"):  # past the TTL, by the database clock
         assert time.monotonic() < deadline, "A's lease never expired"
         time.sleep(0.1)
-    assert time.monotonic() - paused_at >= 0.5
 
     second = b.call("acquire", name="shared", ttl=60)
     assert second["ok"] and second["token"] > first["token"], (first, second)
