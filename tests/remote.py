@@ -22,11 +22,11 @@ REPLY_TIMEOUT = 120.0
 class Remote:
     """One worker process: ``call()`` runs a command there and returns its event."""
 
-    def __init__(self) -> None:
+    def __init__(self, **env: str) -> None:
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.workers_rowlocks", "serve"],
-            env=worker_env(),
+            env={**worker_env(), **env},
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -83,12 +83,12 @@ class Remote:
 
 
 @contextmanager
-def remotes() -> Iterator[Callable[[], Remote]]:
-    """Start worker sessions on demand; all of them end with the block."""
+def remotes() -> Iterator[Callable[..., Remote]]:
+    """Start worker sessions on demand (keywords: extra environment); all end with the block."""
     started: list[Remote] = []
 
-    def start() -> Remote:
-        remote = Remote()
+    def start(**env: str) -> Remote:
+        remote = Remote(**env)
         started.append(remote)
         return remote
 

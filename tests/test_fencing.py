@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def start() -> Iterator[Callable[[], Remote]]:
+def start() -> Iterator[Callable[..., Remote]]:
     with remotes() as start:
         yield start
 
@@ -184,7 +184,7 @@ def test_fenced_update_refuses_bad_arguments_before_any_query(
 
 
 def test_a_paused_holder_wakes_up_to_stale_token_and_the_newer_holders_data_stands(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     record = FencedRecord.objects.create(key="shared", data="initial")
     a, b = start(), start()

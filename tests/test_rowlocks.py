@@ -32,7 +32,7 @@ PROMPTLY = 10.0
 
 
 @pytest.fixture
-def start() -> Iterator[Callable[[], Remote]]:
+def start() -> Iterator[Callable[..., Remote]]:
     with remotes() as start:
         yield start
 
@@ -42,7 +42,7 @@ def in_transaction() -> bool:
     return connection.in_atomic_block
 
 
-def holding(start: Callable[[], Remote], name: str) -> Remote:
+def holding(start: Callable[..., Remote], name: str) -> Remote:
     """A worker process that holds the row lock ``name`` until told to commit."""
     remote = start()
     event = remote.call("hold", name=name)
@@ -160,7 +160,7 @@ def test_taking_an_existing_row_lock_is_one_statement(
 
 
 def test_nowait_raises_lock_busy_at_once_while_another_process_holds_it(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     holder = holding(start, "orders:5")
     started = time.monotonic()
@@ -173,7 +173,7 @@ def test_nowait_raises_lock_busy_at_once_while_another_process_holds_it(
         assert row is not None
 
 
-def test_timeout_raises_lock_busy_after_about_the_timeout(start: Callable[[], Remote]) -> None:
+def test_timeout_raises_lock_busy_after_about_the_timeout(start: Callable[..., Remote]) -> None:
     holding(start, "orders:6")
     started = time.monotonic()
     with (
@@ -186,7 +186,7 @@ def test_timeout_raises_lock_busy_after_about_the_timeout(start: Callable[[], Re
 
 
 def test_a_waiter_gets_the_row_lock_right_after_the_holder_commits(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     holder = holding(start, "orders:7")
     holder.send("commit", delay=1.0)
@@ -199,7 +199,7 @@ def test_a_waiter_gets_the_row_lock_right_after_the_holder_commits(
     assert committed["committing_at"] <= got_at < committed["committing_at"] + PROMPTLY
 
 
-def test_a_killed_holder_frees_the_row_lock(start: Callable[[], Remote]) -> None:
+def test_a_killed_holder_frees_the_row_lock(start: Callable[..., Remote]) -> None:
     holder = holding(start, "orders:8")
     with pytest.raises(locks.LockBusy), locks.row_lock("orders:8", nowait=True):
         pass
@@ -209,7 +209,7 @@ def test_a_killed_holder_frees_the_row_lock(start: Callable[[], Remote]) -> None
 
 
 def test_skip_locked_runs_the_block_with_none_and_no_transaction(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     holder = holding(start, "orders:9")
     with locks.row_lock("orders:9", skip_locked=True) as row:
@@ -223,7 +223,7 @@ def test_skip_locked_runs_the_block_with_none_and_no_transaction(
 
 
 def test_a_nested_row_lock_lasts_until_the_outer_transaction_ends(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     other = start()
     with transaction.atomic():
@@ -236,7 +236,7 @@ def test_a_nested_row_lock_lasts_until_the_outer_transaction_ends(
 
 
 def test_a_nested_row_lock_whose_block_fails_is_released_with_its_savepoint(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     with locks.row_lock("orders:17"):
         pass  # the row exists from now on
@@ -253,7 +253,7 @@ def test_a_nested_row_lock_whose_block_fails_is_released_with_its_savepoint(
 
 @NEEDS_ROW_LOCKS
 def test_lock_busy_in_a_nested_row_lock_leaves_the_outer_transaction_usable(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     holding(start, "orders:12")
     with transaction.atomic():
@@ -271,7 +271,7 @@ def test_lock_busy_in_a_nested_row_lock_leaves_the_outer_transaction_usable(
     reason="SQLite: a row lock is the database's write lock, which every other writer, "
     "lease statements included, waits for (documented)",
 )
-def test_row_locks_and_leases_of_one_name_do_not_interfere(start: Callable[[], Remote]) -> None:
+def test_row_locks_and_leases_of_one_name_do_not_interfere(start: Callable[..., Remote]) -> None:
     holding(start, "orders:13")
     lease = locks.try_acquire("orders:13", ttl=5)
     assert lease is not None
@@ -279,7 +279,7 @@ def test_row_locks_and_leases_of_one_name_do_not_interfere(start: Callable[[], R
 
 
 def test_processes_creating_and_taking_the_same_new_rows_never_overlap(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     names = [f"fresh:{i}" for i in range(15)]
     Counter.objects.bulk_create(Counter(name=name, value=0) for name in names)
@@ -300,7 +300,7 @@ def test_processes_creating_and_taking_the_same_new_rows_never_overlap(
     "sessions that create it at once deadlock",
 )
 def test_sessions_that_deadlock_creating_one_new_row_both_get_the_lock(
-    start: Callable[[], Remote], tmp_path: Path
+    start: Callable[..., Remote], tmp_path: Path
 ) -> None:
     gate = tmp_path / "go"
     late = [start(), start()]
@@ -317,7 +317,7 @@ def test_sessions_that_deadlock_creating_one_new_row_both_get_the_lock(
 
 
 @pytest.mark.skipif(not BACKEND.has_row_locks, reason="SQLite has no isolation levels")
-def test_a_row_created_after_a_repeatable_read_snapshot(start: Callable[[], Remote]) -> None:
+def test_a_row_created_after_a_repeatable_read_snapshot(start: Callable[..., Remote]) -> None:
     other = start()
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -336,6 +336,30 @@ def test_a_row_created_after_a_repeatable_read_snapshot(start: Callable[[], Remo
                 assert row is not None
 
 
+@pytest.mark.skipif(
+    BACKEND.has_row_locks, reason="transaction modes (deferred, immediate) are SQLite's"
+)
+def test_sqlite_row_locks_in_deferred_transactions_wait_for_the_write_lock_too(
+    start: Callable[..., Remote],
+) -> None:
+    holder = holding(start, "a")
+    deferred = start(LOCKS_TEST_SQLITE_DEFERRED="1")
+    assert "transaction_mode" not in deferred.call("options")["options"]
+    busy = deferred.call("hold", name="b", nowait=True)
+    assert not busy["ok"] and busy["error"] == "LockBusy", busy
+    busy = deferred.call("hold", name="b", timeout=0.5)
+    assert not busy["ok"] and busy["error"] == "LockBusy", busy
+    assert 0.45 <= busy["elapsed"] < PROMPTLY
+    skipped = deferred.call("hold", name="b", skip_locked=True)
+    assert skipped["ok"] and not skipped["locked"], skipped
+    holder.send("commit", delay=1.0)
+    got = deferred.call("hold", name="b")
+    assert got["ok"] and got["locked"], got
+    assert got["at"] >= holder.reply()["committing_at"]
+    with pytest.raises(locks.LockBusy), locks.row_lock("c", nowait=True):
+        pass
+
+
 # --- lock_rows -------------------------------------------------------------------------------
 
 
@@ -348,7 +372,7 @@ def test_lock_rows_returns_the_locked_objects_and_holds_them() -> None:
 
 @NEEDS_ROW_LOCKS
 def test_lock_rows_nowait_timeout_and_skip_locked_against_another_process(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     held, free = Item.objects.bulk_create([Item(name="held"), Item(name="free")])
     holder = start()
@@ -374,7 +398,7 @@ def test_lock_rows_nowait_timeout_and_skip_locked_against_another_process(
 
 
 def test_lock_rows_keeps_other_processes_out_until_the_transaction_ends(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     item = Item.objects.create(name="x")
     other = start()
@@ -396,7 +420,7 @@ def test_lock_rows_keeps_other_processes_out_until_the_transaction_ends(
 
 
 def test_lock_wait_settings_do_not_leak_to_the_next_use_of_the_connection(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     before = BACKEND.lock_wait_settings(connection)
     with locks.row_lock("orders:15", timeout=5):
@@ -421,7 +445,7 @@ def test_lock_wait_settings_do_not_leak_to_the_next_use_of_the_connection(
 
 @NEEDS_ROW_LOCKS
 def test_lock_rows_timeout_does_not_leak_into_the_rest_of_the_transaction(
-    start: Callable[[], Remote],
+    start: Callable[..., Remote],
 ) -> None:
     before = BACKEND.lock_wait_settings(connection)
     item = Item.objects.create(name="x")

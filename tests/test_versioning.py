@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def start() -> Iterator[Callable[[], Remote]]:
+def start() -> Iterator[Callable[..., Remote]]:
     with remotes() as start:
         yield start
 
@@ -100,7 +100,7 @@ def test_a_bulk_update_increments_the_version_so_older_copies_are_refused() -> N
     assert stored(note.pk) == ("bulk", "bulk_update", 3)
 
 
-def test_two_processes_saving_the_same_row_lose_no_update(start: Callable[[], Remote]) -> None:
+def test_two_processes_saving_the_same_row_lose_no_update(start: Callable[..., Remote]) -> None:
     note = VersionedNote.objects.create(title="shared")
     first, second = start(), start()
     assert first.call("load", pk=note.pk)["version"] == 1

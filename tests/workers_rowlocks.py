@@ -82,6 +82,12 @@ class Session:
         )
         return {"pks": [row.pk for row in rows]}
 
+    def options(self) -> dict[str, Any]:
+        """The database OPTIONS this worker runs with."""
+        from django.db import connection
+
+        return {"options": connection.settings_dict.get("OPTIONS", {})}
+
     def commit(self, delay: float = 0.0) -> dict[str, Any]:
         """Wait ``delay`` seconds, then end the open transactions (commit)."""
         time.sleep(delay)
