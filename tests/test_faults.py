@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 import locks
 from locks.models import Lock
 from tests.app.models import FencedRecord
 from tests.faults import PGBOUNCER, Worker, kill_session, verify, wait_until_waiting
 from tests.history import ERROR, LOST, OK, STALE, load
+from tests.test_restart import restart_server
 from tests.workers_reliability import Client
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -231,3 +233,54 @@ def test_app_clocks_skewed_by_minutes_both_ways_change_nothing(
     # Leases ran out by the database clock while the processes' clocks disagreed.
     assert any(op.result == LOST for op in ops), report
     assert report.holdings > 20, report
+
+
+def wait_for_progress(history: Path, procs: list[str], after: float, seconds: float = 120) -> None:
+    """Wait until every process has had a few successful operations begun after ``after``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        ops = load(history.glob("*.jsonl"))
+        done = Counter(op.proc for op in ops if op.result == OK and op.m0 > after)
+        if all(done[proc] >= 5 for proc in procs):
+            return
+        assert time.monotonic() < deadline, f"no progress after the restart: {done}"
+        time.sleep(0.5)
+
+
+def test_processes_contending_through_a_server_restart_recover_and_tokens_keep_rising(
+    history: Path, workers: list[Worker], backend: str
+) -> None:
+    if backend == "sqlite":
+        pytest.skip(NO_SERVER)
+    records(*(f"restart{i}" for i in range(3)))
+    stop = history / "stop"
+    procs = [f"w{i}" for i in range(4)]
+    for i, proc in enumerate(procs):
+        args = ["--prefix", "restart", "--names", 3, "--seconds", 300, "--stop", stop]
+        start(workers, history, proc, "contend", *args, "--seed", i, "--breaks", 0)
+    wait_for_progress(history, procs, after=0)
+    test = Client(str(history), "test")
+    test.recorder.event("restart", "*")
+    before = time.monotonic()
+    restart_server(backend)
+    connections.close_all()  # this test's own sessions ended with the server too
+    restarted = time.monotonic()
+    # The same processes, without a restart of their own, carry on.
+    wait_for_progress(history, procs, after=restarted)
+    stop.touch()
+    for worker in workers:
+        worker.finish()
+    verify(history, "database server restart", 1)
+
+    ops = load(history.glob("*.jsonl"))
+    grants = [op for op in ops if op.op == "acquire" and op.result == OK and op.token]
+    earlier = max(op.token or 0 for op in grants if op.end < before)
+    later = min(op.token or 0 for op in grants if op.m0 > restarted)
+    assert later > earlier
+    errors = [op for op in ops if op.result == ERROR]
+    assert errors, "the restart went unnoticed"
+    for op in errors:
+        # Every error is the database's own, and a lock call's names the lock.
+        assert op.error.startswith(("OperationalError", "InterfaceError")), op.error
+        if op.op != "write":
+            assert f"locks: while trying to {op.op} lock {op.name!r}" in op.error, op.error

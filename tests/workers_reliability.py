@@ -152,6 +152,7 @@ TTLS = (0.2, 0.5, 1.0, 2.0)
 def one_round(client: Client, name: str, breaks: float) -> int:
     """One round on ``name``, mostly acquire-write-release, sometimes worse; returns ops."""
     import locks
+    from tests.history import ERROR
 
     rng, run = client.rng, client.run
     roll = rng.random()
@@ -162,9 +163,10 @@ def one_round(client: Client, name: str, breaks: float) -> int:
         run("reap", "*", lambda: locks.reap_expired(batch_size=20))
         return 1
     ttl, timeout = rng.choice(TTLS), rng.choice((0, 0.05, 0.3))
-    _, lease = run("acquire", name, lambda: locks.acquire(name, ttl=ttl, timeout=timeout))
+    result, lease = run("acquire", name, lambda: locks.acquire(name, ttl=ttl, timeout=timeout))
     if lease is None:
-        time.sleep(rng.uniform(0, 0.02))
+        # A database error (the server is down?) gets a longer pause before the retry.
+        time.sleep(rng.uniform(0.05, 0.2) if result == ERROR else rng.uniform(0, 0.02))
         return 1
     client.write(name, lease.token)
     style = rng.random()
