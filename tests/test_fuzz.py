@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -20,16 +21,23 @@ Capture = Callable[[], CaptureQueriesContext]
 
 BUSY = "fuzz:busy"  # held by another holder for the whole test
 OTHER = "someone-else"
+ARGUMENTS = ("name", "ttl", "timeout", "holder", "using")
 ANY = st.one_of(
     st.none(), st.booleans(), st.binary(max_size=4), st.lists(st.integers(), max_size=2)
 )
-NAMES = st.one_of(
-    st.text(max_size=300),  # any code point: NUL, lone surrogates, emoji, right-to-left marks
-    st.text(min_size=250, max_size=260),  # around the length limit
-    st.sampled_from([BUSY, "fuzz:free", " ", "x\x00", "\ud800", "Å" * 255, "𝄞" * 255]),
-    st.integers(),
-    ANY,
-)
+EVERY_CHARACTER = st.characters(exclude_categories=())  # lone surrogates too
+VALID_TEXT = st.text(min_size=1, max_size=255).filter(lambda text: "\x00" not in text)
+VALID = {
+    "name": st.one_of(VALID_TEXT, st.sampled_from([BUSY, " ", "Å" * 255, "𝄞" * 255])),
+    "ttl": st.one_of(
+        st.floats(min_value=0.001, max_value=3600),
+        st.integers(min_value=1, max_value=3600),
+        st.timedeltas(min_value=timedelta(milliseconds=1), max_value=timedelta(hours=1)),
+    ),
+    "timeout": st.one_of(st.floats(min_value=0, max_value=0.2), st.just(0)),
+    "holder": st.one_of(st.none(), VALID_TEXT, st.just(OTHER)),
+    "using": st.sampled_from([None, "default"]),
+}
 NUMBERS = st.one_of(
     st.floats(),  # NaN, infinities, subnormals, huge
     st.integers(min_value=-(10**400), max_value=10**400),
@@ -39,24 +47,37 @@ NUMBERS = st.one_of(
     st.text(max_size=4),
     ANY,
 )
-# A wait on the busy name must end: no unbounded or long timeouts there.
-SHORT_WAITS = st.one_of(
-    st.floats(max_value=0.2),
-    st.sampled_from([math.nan, -math.inf, -1, "0", True, 10**400, -(10**400)]),
-)
-HOLDERS = st.one_of(st.none(), st.text(max_size=300), st.integers(), st.just(OTHER))
-USING = st.one_of(st.none(), st.sampled_from(["default", "nope", ""]), st.integers())
+FUZZED = {
+    "name": st.one_of(
+        st.text(EVERY_CHARACTER, max_size=300),  # NUL, lone surrogates, emoji, RTL marks
+        st.text(min_size=250, max_size=260),  # around the length limit
+        st.sampled_from(["", "x\x00", "\ud800", "Å" * 256]),
+        st.integers(),
+        ANY,
+    ),
+    "ttl": NUMBERS,
+    # A wait on the busy name must end: no unbounded or long timeouts there.
+    "timeout": st.one_of(
+        st.floats(max_value=0.2),
+        st.sampled_from([math.nan, -math.inf, -1, "0", True, 10**400, -(10**400)]),
+        st.decimals(allow_nan=True),
+        ANY.filter(lambda value: value is not None),
+    ),
+    "holder": st.one_of(st.text(EVERY_CHARACTER, max_size=300), st.integers(), ANY),
+    "using": st.one_of(st.text(max_size=8), st.integers(), ANY),
+}
 CALLS = st.sampled_from(["try_acquire", "acquire", "lock", "is_locked", "check_token", "break"])
-EXPECTED = (ValueError, TypeError, locks.LockError)
 
 
-def run(call: str, name: Any, ttl: Any, timeout: Any, holder: Any, using: Any) -> Any:
+def run(call: str, arguments: dict[str, Any]) -> Any:
+    name, ttl, using = arguments["name"], arguments["ttl"], arguments["using"]
+    waiting = {key: arguments[key] for key in ("ttl", "timeout", "holder", "using")}
     if call == "try_acquire":
-        return locks.try_acquire(name, ttl=ttl, holder=holder, using=using)
+        return locks.try_acquire(name, ttl=ttl, holder=arguments["holder"], using=using)
     if call == "acquire":
-        return locks.acquire(name, ttl=ttl, timeout=timeout, holder=holder, using=using)
+        return locks.acquire(name, **waiting)
     if call == "lock":
-        with locks.lock(name, ttl=ttl, timeout=timeout, holder=holder, using=using) as lease:
+        with locks.lock(name, **waiting) as lease:
             assert Lock.objects.filter(name=name, token=lease.token).exists()
         return None
     if call == "is_locked":
@@ -66,44 +87,32 @@ def run(call: str, name: Any, ttl: Any, timeout: Any, holder: Any, using: Any) -
     return locks.break_lock(name, using=using) if name != BUSY else None
 
 
-@given(
-    call=CALLS,
-    name=NAMES,
-    ttl=NUMBERS,
-    timeout=NUMBERS,
-    wait=SHORT_WAITS,
-    holder=HOLDERS,
-    using=USING,
-)
+@given(call=CALLS, fuzzed=st.sets(st.sampled_from(ARGUMENTS), max_size=2), data=st.data())
 @settings(
-    max_examples=300,
+    max_examples=400,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 def test_fuzzed_arguments_work_or_fail_cleanly_and_leave_no_stray_row(
-    own_queries: Capture,
-    busy: locks.Lease,
-    call: str,
-    name: Any,
-    ttl: Any,
-    timeout: Any,
-    wait: Any,
-    holder: Any,
-    using: Any,
+    own_queries: Capture, busy: locks.Lease, call: str, fuzzed: set[str], data: st.DataObject
 ) -> None:
-    if name == BUSY:
-        timeout = wait
+    arguments = {
+        key: data.draw(FUZZED[key] if key in fuzzed else VALID[key], label=key) for key in ARGUMENTS
+    }
+    if call == "check_token" and "ttl" not in fuzzed:
+        arguments["ttl"] = data.draw(st.integers(min_value=1, max_value=2**62), label="token")
     with own_queries() as queries:
         try:
-            result = run(call, name, ttl, timeout, holder, using)
+            result = run(call, arguments)
         except (ValueError, TypeError) as exc:
-            # Refused before any query, with a message that says what was wrong.
+            # Refused before any query, with a message; only ever for a fuzzed argument.
+            assert fuzzed, exc
             assert queries.captured_queries == [], exc
             assert str(exc)
             result = None
         except locks.LockError as exc:
-            assert isinstance(name, str) and str(exc)
+            assert str(exc)
             result = None
     if isinstance(result, locks.Lease):
         row = Lock.objects.get(name=result.name)
