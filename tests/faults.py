@@ -18,6 +18,7 @@ from django.db import connection
 from tests.conftest import BACKEND, ROOT, worker_env
 from tests.history import load
 from tests.history_check import Report, check, summarize
+from tests.pgbouncer import ENABLED as PGBOUNCER
 
 #: Test-only server SQL, per ``connection.vendor`` (the one place that branches on it).
 SESSIONS = {
@@ -34,7 +35,6 @@ WAITING = {
     "mysql": "SELECT 1 FROM information_schema.INNODB_TRX "
     "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
 }
-PGBOUNCER = bool(os.environ.get("LOCKS_TEST_PGBOUNCER"))
 
 
 class Worker:

@@ -16,8 +16,9 @@ from django.db import connection, connections, transaction
 import locks
 from locks.models import Lock
 from tests.app.models import FencedRecord
-from tests.faults import PGBOUNCER, Worker, kill_session, verify, wait_until_waiting
+from tests.faults import Worker, kill_session, verify, wait_until_waiting
 from tests.history import ERROR, LOST, OK, STALE, load
+from tests.pgbouncer import ENABLED as PGBOUNCER
 from tests.test_restart import restart_server
 from tests.workers_reliability import Client
 
