@@ -223,6 +223,8 @@ def test_app_clocks_skewed_by_minutes_both_ways_change_nothing(
             i,
             "--skew",
             skew,
+            "--late",
+            0.4,
         )
     done = [worker.finish()[-1] for worker in workers]
     now = datetime.now(UTC)
@@ -231,9 +233,10 @@ def test_app_clocks_skewed_by_minutes_both_ways_change_nothing(
         assert abs(app_clock - now - timedelta(seconds=skew)) < timedelta(seconds=60)
     report = verify(history, "app clocks skewed ±2 and ±5 min", len(SKEWS))
     ops = load(history.glob("*.jsonl"))
-    # Leases ran out by the database clock while the processes' clocks disagreed.
+    # Leases (abandoned or overstayed) ran out by the database clock while the
+    # processes' clocks disagreed by up to ten minutes.
     assert any(op.result == LOST for op in ops), report
-    assert report.holdings > 20, report
+    assert report.holdings >= 10, report
 
 
 def wait_for_progress(history: Path, procs: list[str], after: float, seconds: float = 120) -> None:

@@ -149,7 +149,7 @@ def row_hold(args: argparse.Namespace) -> None:
 TTLS = (0.2, 0.5, 1.0, 2.0)
 
 
-def one_round(client: Client, name: str, breaks: float) -> int:
+def one_round(client: Client, name: str, breaks: float, late: float = 0.1) -> int:
     """One round on ``name``, mostly acquire-write-release, sometimes worse; returns ops."""
     import locks
     from tests.history import ERROR
@@ -170,9 +170,9 @@ def one_round(client: Client, name: str, breaks: float) -> int:
         return 1
     client.write(name, lease.token)
     style = rng.random()
-    if style < 0.05:
+    if style < late / 2:
         return 2  # abandoned: the lease has to expire on its own
-    if style < 0.10:
+    if style < late:
         time.sleep(ttl * 1.3)  # overstayed: the writes and the release come too late
     else:
         if rng.random() < 0.2:
@@ -198,7 +198,7 @@ def contend(args: argparse.Namespace) -> None:
     done = 0
     with travel or nullcontext():
         while time.monotonic() < deadline and not os.path.exists(args.stop):
-            done += one_round(client, client.rng.choice(names), args.breaks)
+            done += one_round(client, client.rng.choice(names), args.breaks, args.late)
         emit(event="done", proc=args.proc, ops=done, app_clock=datetime.now(UTC))
 
 
@@ -228,6 +228,7 @@ def parser() -> argparse.ArgumentParser:
     many.add_argument("--seed", type=int, default=0)
     many.add_argument("--skew", type=float, default=0.0, help="app clock offset, seconds")
     many.add_argument("--breaks", type=float, default=0.01, help="share of rounds that break")
+    many.add_argument("--late", type=float, default=0.1, help="share abandoned or overstayed")
     return main
 
 
