@@ -15,6 +15,7 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
 import locks.connection
+import locks.waiting
 from locks.conf import conf
 from tests.pgbouncer import through_pgbouncer  # noqa: F401  (LOCKS_TEST_PGBOUNCER=1)
 
@@ -35,6 +36,7 @@ def _close_own_connections() -> Iterator[None]:
     # test database that still has sessions.
     yield
     locks.connection.close()
+    locks.waiting.stop_listeners()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,6 +46,8 @@ class Backend:
     NOW = ""
     #: Whether row locks (SELECT ... FOR UPDATE) exist on this database.
     has_row_locks = True
+    #: Whether blocked acquires can be woken by the server when a lock is released.
+    supports_notify = False
 
     def acquire(
         self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
@@ -86,6 +89,19 @@ class Backend:
     def break_lock(self, cursor: CursorWrapper, name: str) -> bool:
         cursor.execute("DELETE FROM locks_lock WHERE name = %s", [name])
         return bool(cursor.rowcount)
+
+    def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
+        """Ask to be notified when ``name`` is released; return the seconds its lease has
+        left, or ``None`` when nobody holds it any more (try again at once)."""
+        raise NotImplementedError
+
+    def listen(self, raw: Any) -> None:
+        """Subscribe a raw driver connection to release notifications."""
+        raise NotImplementedError
+
+    def notifications(self, raw: Any, timeout: float) -> Iterator[str]:
+        """Names released since the last call, waiting at most ``timeout`` seconds."""
+        raise NotImplementedError
 
     def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
         """Delete at most ``batch_size`` expired rows in one statement; return how many."""
