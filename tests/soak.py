@@ -83,6 +83,8 @@ class _Fleet:
 
     def inject(self, fault: str) -> str:
         """Inject one fault into a random process (or session); return its target."""
+        from django.db import DatabaseError, close_old_connections
+
         from tests.faults import kill_session, other_sessions
 
         victim = self.rng.choice(self.live)
@@ -96,11 +98,13 @@ class _Fleet:
             self.dead.append(victim)
             self.spawn()
         else:
-            sessions = other_sessions()
-            if not sessions:
-                return "none"
-            session = self.rng.choice(sessions)
-            kill_session(session)
+            try:
+                session = self.rng.choice(other_sessions() or [0])
+                if session:
+                    kill_session(session)
+            except DatabaseError as exc:  # the server restarted under us (another test?)
+                close_old_connections()
+                return f"none: {exc}"
             return f"session {session}"
         return str(victim.proc)
 
@@ -122,6 +126,8 @@ def soak(
         result = soak(tmp, processes=4, names=12, seconds=15, seed=1, faults=("stop", "kill"))
         assert not result.violations
     """
+    from django.db import close_old_connections
+
     from locks.models import Lock
     from tests.app.models import FencedRecord
     from tests.history import Recorder, load
@@ -139,12 +145,14 @@ def soak(
         while time.monotonic() - began < seconds:
             time.sleep(rng.uniform(0.3, 1.0))
             fault = rng.choice(faults)
-            injector.event(fault, "*", target=fleet.inject(fault))
-            counts[fault] += 1
+            target = fleet.inject(fault)
+            injector.event(fault, "*", target=target)
+            counts[fault] += not target.startswith("none")
         fleet.finish()
     finally:
         for worker in fleet.live + fleet.dead:
             worker.close()
+    close_old_connections()  # in case the server restarted meanwhile
     ops = [op for op in load(sorted(history.glob("*.jsonl"))) if op.proc != "injector"]
     report = check(ops, list(Lock.objects.values_list("name", "token")))
     return SoakResult(time.monotonic() - began, processes, names, len(ops), counts, report)
