@@ -29,11 +29,12 @@ SESSIONS = {
     "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND <> 'Killed'",
 }
 KILL = {"postgresql": "SELECT pg_terminate_backend(%s)", "mysql": "KILL %s"}
-# Whether a session is waiting for a lock held by another transaction.
+# Whether a session is in the middle of a lock statement that waits (PostgreSQL: for a
+# lock; MariaDB's INNODB_TRX does not always list the waiting statement, PROCESSLIST does).
 WAITING = {
     "postgresql": "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-    "mysql": "SELECT 1 FROM information_schema.INNODB_TRX "
-    "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
+    "mysql": "SELECT 1 FROM information_schema.PROCESSLIST "
+    "WHERE ID = %s AND COMMAND = 'Query' AND INFO LIKE '%%locks_lock%%' AND TIME_MS > 200",
 }
 
 
@@ -140,7 +141,7 @@ def other_sessions() -> list[int]:
 
 
 def wait_until_waiting(session: int, seconds: float = 30) -> None:
-    """Wait until ``session`` waits for a lock that another transaction holds."""
+    """Wait until ``session`` is stuck in a lock statement (waiting for another transaction)."""
     deadline = time.monotonic() + seconds
     while True:
         with connection.cursor() as cursor:
