@@ -17,6 +17,7 @@ from typing import Any
 import django
 
 SCENARIOS = "abcde"
+BACKENDS = ["postgresql", "mariadb", "sqlite", "redis"]
 ALL_FAMILIES = [
     "locks",
     "floor",
@@ -35,16 +36,29 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, help="repeats per scenario (default 3; quick 1)")
     parser.add_argument("--duration", type=float, help="seconds per measurement (default 2)")
     parser.add_argument("--reap-rows", type=int, help="expired rows for (e) (default 1000000)")
-    parser.add_argument("--backends", default="postgresql,mariadb,sqlite,redis")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="databases to run on")
     parser.add_argument("--contenders", default=",".join(ALL_FAMILIES), help="families to run")
     parser.add_argument("--out", default="docs/benchmark.md", help="Markdown report")
     parser.add_argument("--json", default="var/bench/latest.json", help="raw results")
     parser.add_argument("--plot", default="docs/benchmark-contended.png", help="PNG of (c)")
     args = parser.parse_args(argv)
-    args.scenarios = [s for s in args.scenarios.replace(",", "") if s in SCENARIOS]
-    args.repeat = args.repeat or (1 if args.quick else 3)
-    args.duration = args.duration or (0.5 if args.quick else 2.0)
-    args.reap_rows = args.reap_rows or (100_000 if args.quick else 1_000_000)
+    args.scenarios = list(dict.fromkeys(args.scenarios.replace(",", "")))
+    unknown = {
+        "scenarios": sorted(set(args.scenarios) - set(SCENARIOS)),
+        "backends": sorted(set(args.backends.split(",")) - set(BACKENDS)),
+        "contenders": sorted(set(args.contenders.split(",")) - set(ALL_FAMILIES)),
+    }
+    for option, names in unknown.items():
+        if names:
+            parser.error(f"unknown --{option}: {', '.join(names)}")
+    if not args.scenarios:
+        parser.error("--scenarios names none of a, b, c, d, e")
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    if args.duration is None:
+        args.duration = 0.5 if args.quick else 2.0
+    if args.reap_rows is None:
+        args.reap_rows = 100_000 if args.quick else 1_000_000
     if args.repeat < 1 or args.duration <= 0 or args.reap_rows < 1:
         parser.error("--repeat, --duration and --reap-rows must be positive")
     return args

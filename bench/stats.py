@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -11,8 +12,8 @@ def percentile(values: list[int], fraction: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    rank = min(len(ordered) - 1, max(0, round(fraction * len(ordered) + 0.5) - 1))
-    return ordered[rank] / 1e6
+    rank = min(len(ordered), max(1, math.ceil(fraction * len(ordered))))
+    return ordered[rank - 1] / 1e6
 
 
 def summarise(outcomes: list[dict[str, Any]], scenario: str) -> dict[str, Any]:
