@@ -21,6 +21,27 @@ BEGIN, END = "<!-- analysis:begin -->", "<!-- analysis:end -->"
 DEFAULT_ANALYSIS = "_No analysis written for this run yet._"
 
 HOW = """\
+## Running it
+
+- `scripts/bench [options]`; every option: `scripts/bench --help`. `--quick` (short runs,
+  one repeat, 100,000 rows for (e)), `--scenarios a,c`, `--repeat N` (default 3),
+  `--duration S` (seconds per measurement, default 2), `--reap-rows N` (default 1,000,000),
+  `--backends postgresql,mariadb,sqlite,redis`, `--contenders` (any of `locks`, `floor`,
+  `pg_advisory`, `get_lock`, `db_mutex`, `django_mysql`, `redis_lock`), and `--out`,
+  `--json`, `--plot` for the output paths.
+- Databases: `locks_bench_<checkout tag>` on PostgreSQL and MariaDB (`LOCKS_BENCH_DB_NAME`
+  overrides; created and migrated by the run, kept for the next), the SQLite file
+  `var/bench/<same name>.sqlite3`, and Redis database 13 (`LOCKS_BENCH_REDIS_URL`).
+  Server addresses: `PGHOST`/`PGPORT`/`PGUSER`/`PGPASSWORD`, `MYSQL_HOST`/`MYSQL_PORT`/
+  `MYSQL_USER`/`MYSQL_PASSWORD`. A contender whose server or package is missing is skipped,
+  and this page lists it with the reason.
+- Where the time of an uncontended pair goes:
+  `.venv-bench/bin/python -m bench.profile --backend postgresql` (cProfile).
+- `tests/test_bench.py` runs a tiny bench of this app and the floor on the backend under
+  test in the normal suite.
+- Run (d) and (c) on an idle machine for figures to compare across runs: on a loaded one,
+  compare the ratios within a run.
+
 ## How it was measured
 
 - One command, `scripts/bench` (it creates `.venv-bench` from `requirements-bench.txt`,
@@ -178,6 +199,10 @@ def _header(results: dict[str, Any], plot: str | None, out: Path) -> list[str]:
     if results["skipped"]:
         lines += ["Not run here:", ""]
         lines += [f"- {key}: {why}" for key, why in results["skipped"].items()]
+        lines.append("")
+    if results.get("failures"):
+        lines += ["Measurements that failed (left out of the medians):", ""]
+        lines += [f"- {failure}" for failure in results["failures"]]
         lines.append("")
     lines += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {v} |" for t, m, v in judge(results["summary"])]

@@ -101,6 +101,7 @@ def cell(c: Any, scenario: str, prefix: str, args: argparse.Namespace) -> dict[s
     if scenario == "c":
         c.counter_init(f"{prefix}shared")
     if scenario == "e":
+        c.clear("bench:")  # rows an interrupted earlier attempt left would be reaped too
         began = time.monotonic()
         c.fill_expired(f"{prefix}x", args.reap_rows)
         extra["fill_seconds"] = time.monotonic() - began
@@ -113,6 +114,32 @@ def cell(c: Any, scenario: str, prefix: str, args: argparse.Namespace) -> dict[s
     return figures
 
 
+ATTEMPTS = 3
+
+
+def retried(
+    c: Any, scenario: str, prefix: str, args: argparse.Namespace, failures: list[str]
+) -> dict[str, Any] | None:
+    """:func:`cell`, tried again after a failure (e.g. a database server restarted under it).
+
+    Returns ``None`` after the last failed attempt, which ``failures`` then describes.
+    """
+    from . import db
+
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return cell(c, scenario, f"{prefix}{attempt}:", args)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            log(f"({scenario}) {c.key}: attempt {attempt} failed: {first}")
+            db.close_all()
+            if attempt == ATTEMPTS:
+                failures.append(f"({scenario}) {c.key}: {ATTEMPTS} attempts failed, last: {first}")
+            else:
+                time.sleep(5)
+    return None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from . import stats
 
@@ -120,6 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load_before = os.getloadavg()
     ready, skipped = select(args)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in args.scenarios}
+    failures: list[str] = []
     serial = 0
     for repeat in range(args.repeat):
         for scenario in args.scenarios:
@@ -130,7 +158,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for c in taking[shift:] + taking[:shift]:
                 serial += 1
                 prefix = f"bench:{int(started)}:{serial}:"
-                figures = cell(c, scenario, prefix, args)
+                figures = retried(c, scenario, prefix, args, failures)
+                if figures is None:
+                    continue
                 runs[scenario].setdefault(c.key, []).append(figures)
                 log(f"repeat {repeat + 1}/{args.repeat} ({scenario}) {c.key}: {_brief(figures)}")
     summary = {
@@ -155,6 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for c in ready
         },
         "skipped": skipped,
+        "failures": failures,
         "runs": runs,
         "summary": summary,
     }
