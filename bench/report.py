@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .stats import ratio
+from .stats import paired
 from .targets import judge
 
 TITLES = {
@@ -70,8 +71,10 @@ HOW = """\
   counter write, DELETE): no lock can hand off faster; its "wait" is 3 such cycles, what a
   perfectly fair lock would give 4 processes. (d): DELETE + INSERT, the least a hand-off costs.
   Redis has no floor of its own; python-redis-lock is compared with PostgreSQL's floor.
-- `x floor` = this figure / the same figure of the floor on the same database in the same
-  run (for ops/s higher is better; for times lower is better).
+- `x floor` = this figure / the same figure of the floor on the same database, taken
+  repeat by repeat (the two were measured in the same round, minutes apart at most) and
+  then the median of those ratios: a drifting load on a shared machine cancels out of a
+  pair better than out of two medians. For ops/s higher is better; for times lower is.
 - Statements per operation are the statements the lock calls sent: counted with Django's
   `execute_wrapper` on the connections a Django-based lock uses, and per `execute` (or Redis
   command) for the others. The BEGIN/COMMIT that Django sends for `transaction.atomic()`
@@ -95,65 +98,65 @@ def _errors(figures: dict[str, Any]) -> str:
     return ", ".join(f"{name}: {count}" for name, count in figures["errors"].items()) or "0"
 
 
-def _floor(results: dict[str, Any], scenario: str, key: str) -> dict[str, Any]:
-    floor_key = results["contenders"][key]["floor"]
-    found: dict[str, Any] = results["summary"].get(scenario, {}).get(floor_key, {})
-    return found
-
-
 Columns = list[tuple[str, Callable[[dict[str, Any], dict[str, Any]], str]]]
 
 PAIRS: Columns = [
-    ("ops/s", lambda f, fl: _fmt(f["ops_per_s"])),
-    ("x floor", lambda f, fl: _x(ratio(f["ops_per_s"], fl.get("ops_per_s")))),
-    ("p50 ms", lambda f, fl: _fmt(f["p50_ms"])),
-    ("x floor", lambda f, fl: _x(ratio(f["p50_ms"], fl.get("p50_ms")))),
-    ("p99 ms", lambda f, fl: _fmt(f["p99_ms"])),
-    ("x floor", lambda f, fl: _x(ratio(f["p99_ms"], fl.get("p99_ms")))),
-    ("statements/op", lambda f, fl: _fmt(f["statements_per_op"])),
-    ("errors", lambda f, fl: _errors(f)),
+    ("ops/s", lambda f, r: _fmt(f["ops_per_s"])),
+    ("x floor", lambda f, r: _x(r["ops_per_s"])),
+    ("p50 ms", lambda f, r: _fmt(f["p50_ms"])),
+    ("x floor", lambda f, r: _x(r["p50_ms"])),
+    ("p99 ms", lambda f, r: _fmt(f["p99_ms"])),
+    ("x floor", lambda f, r: _x(r["p99_ms"])),
+    ("statements/op", lambda f, r: _fmt(f["statements_per_op"])),
+    ("errors", lambda f, r: _errors(f)),
 ]
 CONTENDED: Columns = [
-    ("hand-offs/s", lambda f, fl: _fmt(f["ops_per_s"])),
-    ("x floor", lambda f, fl: _x(ratio(f["ops_per_s"], fl.get("ops_per_s")))),
-    ("p50 wait ms", lambda f, fl: _fmt(f["p50_ms"])),
-    ("x floor", lambda f, fl: _x(ratio(f["p50_ms"], fl.get("p50_ms")))),
-    ("p99 wait ms", lambda f, fl: _fmt(f["p99_ms"])),
-    ("x floor", lambda f, fl: _x(ratio(f["p99_ms"], fl.get("p99_ms")))),
-    ("longest wait ms", lambda f, fl: _fmt(f["max_ms"])),
-    ("statements/hand-off", lambda f, fl: _fmt(f["statements_per_op"])),
-    ("lost updates", lambda f, fl: str(f["lost_updates"])),
-    ("errors", lambda f, fl: _errors(f)),
+    ("hand-offs/s", lambda f, r: _fmt(f["ops_per_s"])),
+    ("x floor", lambda f, r: _x(r["ops_per_s"])),
+    ("p50 wait ms", lambda f, r: _fmt(f["p50_ms"])),
+    ("x floor", lambda f, r: _x(r["p50_ms"])),
+    ("p99 wait ms", lambda f, r: _fmt(f["p99_ms"])),
+    ("x floor", lambda f, r: _x(r["p99_ms"])),
+    ("longest wait ms", lambda f, r: _fmt(f["max_ms"])),
+    ("statements/hand-off", lambda f, r: _fmt(f["statements_per_op"])),
+    ("lost updates", lambda f, r: str(f["lost_updates"])),
+    ("errors", lambda f, r: _errors(f)),
 ]
 HANDOFF: Columns = [
-    ("p50 ms", lambda f, fl: _fmt(f["p50_ms"])),
-    ("x floor", lambda f, fl: _x(ratio(f["p50_ms"], fl.get("p50_ms")))),
-    ("p99 ms", lambda f, fl: _fmt(f["p99_ms"])),
-    ("x floor", lambda f, fl: _x(ratio(f["p99_ms"], fl.get("p99_ms")))),
-    ("hand-offs timed", lambda f, fl: str(f["ops"])),
-    ("statements/hand-off", lambda f, fl: _fmt(f["statements_per_op"])),
-    ("errors", lambda f, fl: _errors(f)),
+    ("p50 ms", lambda f, r: _fmt(f["p50_ms"])),
+    ("x floor", lambda f, r: _x(r["p50_ms"])),
+    ("p99 ms", lambda f, r: _fmt(f["p99_ms"])),
+    ("x floor", lambda f, r: _x(r["p99_ms"])),
+    ("hand-offs timed", lambda f, r: str(f["ops"])),
+    ("statements/hand-off", lambda f, r: _fmt(f["statements_per_op"])),
+    ("errors", lambda f, r: _errors(f)),
 ]
 REAPER: Columns = [
-    ("rows reaped", lambda f, fl: f"{f['reaped']:,}" if f.get("reaped") is not None else "-"),
-    ("fill s", lambda f, fl: _fmt(f.get("fill_seconds"), 1)),
-    ("reap s", lambda f, fl: _fmt(f.get("reap_seconds"), 1)),
-    ("rows/s", lambda f, fl: _fmt(f.get("reap_rows_per_s"))),
-    ("(a) ops/s meanwhile", lambda f, fl: _fmt(f["ops_per_s"])),
-    ("(a) p99 ms meanwhile", lambda f, fl: _fmt(f["p99_ms"])),
-    ("x (a) alone", lambda f, fl: _x(ratio(f["p99_ms"], fl.get("own_a_p99")))),
-    ("x floor (a)", lambda f, fl: _x(ratio(f["p99_ms"], fl.get("floor_a_p99")))),
-    ("errors", lambda f, fl: _errors(f)),
+    ("rows reaped", lambda f, r: f"{f['reaped']:,}" if f.get("reaped") is not None else "-"),
+    ("fill s", lambda f, r: _fmt(f.get("fill_seconds"), 1)),
+    ("reap s", lambda f, r: _fmt(f.get("reap_seconds"), 1)),
+    ("rows/s", lambda f, r: _fmt(f.get("reap_rows_per_s"))),
+    ("(a) ops/s meanwhile", lambda f, r: _fmt(f["ops_per_s"])),
+    ("(a) p99 ms meanwhile", lambda f, r: _fmt(f["p99_ms"])),
+    ("x (a) alone", lambda f, r: _x(r["own_a_p99"])),
+    ("x floor (a)", lambda f, r: _x(r["floor_a_p99"])),
+    ("errors", lambda f, r: _errors(f)),
 ]
 COLUMNS = {"a": PAIRS, "b": PAIRS, "c": CONTENDED, "d": HANDOFF, "e": REAPER}
 
 
-def _reference(results: dict[str, Any], scenario: str, key: str) -> dict[str, Any]:
-    if scenario != "e":
-        return _floor(results, scenario, key)
-    own = results["summary"].get("a", {}).get(key, {})
-    floor = _floor(results, "a", key)
-    return {"own_a_p99": own.get("p99_ms"), "floor_a_p99": floor.get("p99_ms")}
+def _reference(results: dict[str, Any], scenario: str, key: str) -> dict[str, float | None]:
+    """Ratios to the floor of the same run, paired repeat by repeat (medians of the pairs)."""
+    runs = results["runs"]
+    floor = results["contenders"][key]["floor"]
+    mine = runs[scenario][key]
+    if scenario == "e":
+        return {
+            "own_a_p99": paired(mine, runs.get("a", {}).get(key, []), "p99_ms"),
+            "floor_a_p99": paired(mine, runs.get("a", {}).get(floor, []), "p99_ms"),
+        }
+    theirs = runs[scenario].get(floor, [])
+    return {figure: paired(mine, theirs, figure) for figure in ("ops_per_s", "p50_ms", "p99_ms")}
 
 
 def table(results: dict[str, Any], scenario: str) -> list[str]:
@@ -205,10 +208,10 @@ def _header(results: dict[str, Any], plot: str | None, out: Path) -> list[str]:
         lines += [f"- {failure}" for failure in results["failures"]]
         lines.append("")
     lines += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
-    lines += [f"| {t} | {m} | {v} |" for t, m, v in judge(results["summary"])]
+    lines += [f"| {t} | {m} | {v} |" for t, m, v in judge(results)]
     lines.append("")
     if plot:
-        lines += [f"![scenario (c)]({Path(plot).resolve().relative_to(out.parent.resolve())})", ""]
+        lines += [f"![scenario (c)]({os.path.relpath(plot, out.parent)})", ""]
     return lines
 
 

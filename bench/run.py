@@ -9,6 +9,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ SCENARIOS = "abcde"
 BACKENDS = ["postgresql", "mariadb", "sqlite", "redis"]
 ALL_FAMILIES = [
     "locks",
+    "locks_prepared",
     "floor",
     "pg_advisory",
     "get_lock",
@@ -84,6 +86,8 @@ def select(args: argparse.Namespace) -> tuple[list[Any], dict[str, str]]:
             db.ensure_database(c.backend)
             prepared.add(c.backend)
         if reason is None:
+            reason = c.probe()
+        if reason is None:
             c.prepare()
             c.clear("bench:")
             ready.append(c)
@@ -130,7 +134,7 @@ def retried(
         try:
             return cell(c, scenario, f"{prefix}{attempt}:", args)
         except Exception as exc:
-            first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            first = _cause(exc)
             log(f"({scenario}) {c.key}: attempt {attempt} failed: {first}")
             db.close_all()
             if attempt == ATTEMPTS:
@@ -138,6 +142,13 @@ def retried(
             else:
                 time.sleep(5)
     return None
+
+
+def _cause(exc: Exception) -> str:
+    """The line of a (worker's) traceback that names the exception, not its notes."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    named = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Shutdown)\b", line)]
+    return (named or lines)[-1]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -161,6 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 figures = retried(c, scenario, prefix, args, failures)
                 if figures is None:
                     continue
+                figures["repeat"] = repeat
                 runs[scenario].setdefault(c.key, []).append(figures)
                 log(f"repeat {repeat + 1}/{args.repeat} ({scenario}) {c.key}: {_brief(figures)}")
     summary = {

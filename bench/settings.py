@@ -55,6 +55,13 @@ DATABASES: dict[str, dict[str, Any]] = {
         "OPTIONS": {"charset": "utf8mb4"},
     },
 }
+# The same PostgreSQL database through a connection that binds parameters on the server
+# and prepares statements (Django's default is client-side binding, nothing prepared, so
+# that transaction-pooling PgBouncer works): the "locks_prepared" contender.
+DATABASES["postgresql_prepared"] = {
+    **DATABASES["postgresql"],
+    "OPTIONS": {"server_side_binding": True, "prepare_threshold": 2},
+}
 DATABASE_ROUTERS = ["bench.router.PeerRouter"]
 
 SECRET_KEY = "bench-only-not-secret"

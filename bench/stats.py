@@ -79,3 +79,21 @@ def ratio(value: float | None, floor: float | None) -> float | None:
     if value is None or floor is None or not floor:
         return None
     return value / floor
+
+
+def paired(
+    mine: list[dict[str, Any]], theirs: list[dict[str, Any]], figure: str, other: str = ""
+) -> float | None:
+    """Median over repeats of ``mine[figure] / theirs[other or figure]``, repeat by repeat.
+
+    Both were measured in the same round of the run, minutes apart at most, so a ratio
+    of a pair cancels most of the machine's drifting load; ``None`` when no repeat has both.
+    """
+    by_repeat = {run.get("repeat"): run for run in theirs}
+    values = [
+        value
+        for run in mine
+        if (match := by_repeat.get(run.get("repeat"))) is not None
+        and (value := ratio(run.get(figure), match.get(other or figure))) is not None
+    ]
+    return statistics.median(values) if values else None

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from .app import App
+from .app import App, AppPrepared
 from .base import Busy, Contender
 from .native import Floor, GetLock, PgAdvisory
 from .peers import DBMutex, DjangoMySQL, RedisLock
 
-FAMILIES: list[type[Contender]] = [App, Floor, PgAdvisory, GetLock, DBMutex, DjangoMySQL, RedisLock]
+FAMILIES: list[type[Contender]] = [
+    App,
+    AppPrepared,
+    Floor,
+    PgAdvisory,
+    GetLock,
+    DBMutex,
+    DjangoMySQL,
+    RedisLock,
+]
 
 __all__ = ["FAMILIES", "Busy", "Contender", "build", "every"]
 

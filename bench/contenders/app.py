@@ -81,3 +81,35 @@ class App(DjangoCounting, Contender):
     def reap(self) -> int:
         """Worker side: the reaper, through the public API."""
         return locks.reap_expired(batch_size=1000, using=self.using)
+
+
+class AppPrepared(App):
+    """This app on PostgreSQL with server-side binding and prepared statements (a setting).
+
+    Same database as ``locks/postgresql``, through the alias ``postgresql_prepared``.
+    """
+
+    family = "locks_prepared"
+    title = "locks, prepared statements"
+    backends: ClassVar[tuple[str, ...]] = ("postgresql",)
+    scenarios = frozenset("abcd")
+
+    def probe(self) -> str | None:
+        from django.db import DatabaseError
+
+        try:
+            lease = locks.try_acquire("bench:probe", ttl=5, using="postgresql_prepared")
+            if lease is not None:
+                lease.release()
+        except DatabaseError as exc:
+            return (
+                "the app's statements fail on a PostgreSQL connection with "
+                f"OPTIONS server_side_binding=True: {str(exc).splitlines()[0]}"
+            )
+        finally:
+            db.close_all()
+        return None
+
+    def open(self) -> None:
+        self.using = "postgresql_prepared"
+        self.install_counter([self.using], own=True)

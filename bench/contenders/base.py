@@ -69,6 +69,10 @@ class Contender:
         """Why the contender's server cannot be reached, or ``None``."""
         return db.unreachable(self.backend)
 
+    def probe(self) -> str | None:
+        """Parent side, after the database is ready: why the contender cannot run, or ``None``."""
+        return None
+
     def prepare(self) -> None:
         """Parent side, once per run: create what the contender needs."""
 
