@@ -99,9 +99,11 @@ def select(args: argparse.Namespace) -> tuple[list[Any], dict[str, str]]:
 
 def cell(c: Any, scenario: str, prefix: str, args: argparse.Namespace) -> dict[str, Any]:
     """One measurement of one contender, with its book-keeping around it."""
-    from . import runner, stats
+    from . import db, runner, stats
 
     extra: dict[str, Any] = {}
+    if c.backend in db.BACKENDS:
+        db.tidy(c.backend)
     if scenario == "c":
         c.counter_init(f"{prefix}shared")
     if scenario == "e":
@@ -109,6 +111,7 @@ def cell(c: Any, scenario: str, prefix: str, args: argparse.Namespace) -> dict[s
         began = time.monotonic()
         c.fill_expired(f"{prefix}x", args.reap_rows)
         extra["fill_seconds"] = time.monotonic() - began
+        db.analyze(c.backend, "locks_lock")  # as autovacuum/auto-recalc would, soon after
     duration = 900.0 if scenario == "e" else args.duration
     figures = stats.summarise(runner.measure(c, scenario, prefix, duration), scenario)
     figures.update(extra)
