@@ -18,7 +18,7 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .base import Backend, Grant, Released
+from .base import Backend, Grant
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -115,6 +115,9 @@ DEADLOCK = "40P01"
 class PostgreSQLBackend(Backend):
     vendor = "postgresql"
     NOW = "statement_timestamp()"
+    RELEASE_LAST = RELEASE_LAST
+    RELEASE_REENTRY = RELEASE_REENTRY
+    REAP = REAP
     supports_notify = True
 
     def acquire(
@@ -127,10 +130,7 @@ class PostgreSQLBackend(Backend):
             "note": note,
         }
         cursor.execute(ACQUIRE, params)
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        return Grant(row[0], row[1], self.to_datetime(row[2]), self.to_datetime(row[3]))
+        return self.grant(cursor.fetchone())
 
     def renew(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
@@ -139,21 +139,6 @@ class PostgreSQLBackend(Backend):
         cursor.execute(RENEW, params)
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
-
-    def release_last(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
-    ) -> Released:
-        cursor.execute(RELEASE_LAST, [name, holder, token, entirely])
-        row = cursor.fetchone()
-        if row is None:
-            return Released.MISSING
-        return Released.DONE if row[0] else Released.EXPIRED
-
-    def release_reentry(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int
-    ) -> Released:
-        cursor.execute(RELEASE_REENTRY, [name, holder, token])
-        return Released.MISSING if cursor.fetchone() is None else Released.DONE
 
     def break_lock(self, cursor: CursorWrapper, name: str) -> bool:
         cursor.execute(BREAK, [name])
@@ -170,10 +155,6 @@ class PostgreSQLBackend(Backend):
     def notifications(self, raw: Any, timeout: float) -> Iterator[str]:
         for notify in raw.notifies(timeout=timeout):
             yield notify.payload
-
-    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
-        cursor.execute(REAP, [batch_size])
-        return int(cursor.rowcount)
 
     def is_transient(self, exc: BaseException) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) in TRANSIENT_SQLSTATES
