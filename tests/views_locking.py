@@ -56,7 +56,15 @@ async def agated(request: HttpRequest, name: str) -> HttpResponse:
     return _lease_json(request)
 
 
-@lock_view("gate:{name}", ttl=60, timeout=60)
+def _waiting_key(request: HttpRequest, name: str) -> str:
+    # The key is computed just before the lock is tried: a marker that the wait begins.
+    marker = request.GET.get("waiting")
+    if marker:
+        Path(marker).touch()
+    return f"gate:{name}"
+
+
+@lock_view(_waiting_key, ttl=60, timeout=60)
 async def await_lock(request: HttpRequest, name: str) -> HttpResponse:
     """Waits (asynchronously) up to a minute for the lock instead of answering 423."""
     return _lease_json(request)
