@@ -71,7 +71,7 @@ class LockAdmin(ModelAdmin):
     list_display = ("name", "holder", "count", "token", "acquired_at", "expires_in", "state")
     list_filter = (StateFilter,)
     search_fields = ("name", "holder")
-    ordering = ("-acquired_at",)
+    ordering = ("-acquired_at", "-token")  # same millisecond on SQLite: later token first
     actions = GUARDED_ACTIONS
     fields = ("name", "holder", "count", "token", "acquired_at", "expires_at", "note")
     readonly_fields = fields

@@ -24,7 +24,9 @@ COLUMNS = ("NAME", "HOLDER", "COUNT", "TOKEN", "ACQUIRED (UTC)", "EXPIRES IN", "
 
 def _rows(alias: str, names: list[str] | None = None, state: str = "held") -> list[dict[str, Any]]:
     """Lock rows with their time left by the database clock, newest first."""
-    queryset = Lock.objects.using(alias).annotate(db_now=DatabaseNow()).order_by("-acquired_at")
+    # Two grants in one millisecond (SQLite's clock) tie: the later token is the newer.
+    newest_first = ("-acquired_at", "-token")
+    queryset = Lock.objects.using(alias).annotate(db_now=DatabaseNow()).order_by(*newest_first)
     if names is not None:
         queryset = queryset.filter(name__in=names)
     elif state == "held":
