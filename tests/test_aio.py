@@ -107,6 +107,21 @@ def test_alock_releases_when_the_block_raises_or_is_cancelled() -> None:
     assert not locks.is_locked("aio:cancel")
 
 
+def test_a_lease_won_by_a_cancelled_acquire_is_released() -> None:
+    async def main() -> bool:
+        task = asyncio.create_task(locks.aacquire("aio:cancelled", ttl=60))
+        await asyncio.sleep(0)  # the attempt is on its way in a worker thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Let the attempt (and any clean-up it set off) run to its end.
+        while len(asyncio.all_tasks()) > 1:
+            await asyncio.sleep(0.01)
+        return bool(await run_sync(locks.is_locked, "aio:cancelled"))
+
+    assert asyncio.run(main()) is False, "the lease the cancelled task won was left behind"
+
+
 def test_waiting_for_a_busy_lock_does_not_block_the_event_loop() -> None:
     blocker = locks.acquire("aio:busy", ttl=30, holder=OTHER)
     ticks = 0
