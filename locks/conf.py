@@ -21,6 +21,9 @@ DEFAULTS: dict[str, Any] = {
     "REAP_BATCH_SIZE": 1000,
     # The auto-renew watchdog renews when this fraction of the TTL has passed.
     "RENEW_FRACTION": 1 / 3,
+    # PostgreSQL: wake blocked acquires with LISTEN/NOTIFY (one listening connection per
+    # process and alias). Off: they poll with backoff, e.g. behind a pooler that drops LISTEN.
+    "NOTIFY": True,
 }
 
 
@@ -60,6 +63,10 @@ class Settings:
     @property
     def REAP_BATCH_SIZE(self) -> int:
         return int(self._get("REAP_BATCH_SIZE"))
+
+    @property
+    def NOTIFY(self) -> bool:
+        return bool(self._get("NOTIFY"))
 
     @property
     def RENEW_FRACTION(self) -> float:

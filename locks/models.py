@@ -70,6 +70,9 @@ class Lock(models.Model):
     acquired_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
     note = models.CharField(max_length=255, blank=True, default="")
+    waiting = models.BooleanField(
+        default=False, db_default=False, help_text="a blocked acquire asked to be notified"
+    )
 
     objects = LockQuerySet.as_manager()
 

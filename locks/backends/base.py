@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,8 @@ class Backend:
     NOW = ""
     #: Whether row locks (SELECT ... FOR UPDATE) exist on this database.
     has_row_locks = True
+    #: Whether blocked acquires can be woken by the server when a lock is released.
+    supports_notify = False
 
     def acquire(
         self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
@@ -102,6 +105,19 @@ class Backend:
         if row is None:
             return None
         return (self.to_datetime(row[0]) - self.to_datetime(row[1])).total_seconds()
+
+    def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
+        """Ask to be notified when ``name`` is released; return the seconds its lease has
+        left, or ``None`` when nobody holds it any more (try again at once)."""
+        raise NotImplementedError
+
+    def listen(self, raw: Any) -> None:
+        """Subscribe a raw driver connection to release notifications."""
+        raise NotImplementedError
+
+    def notifications(self, raw: Any, timeout: float) -> Iterator[str]:
+        """Names released since the last call, waiting at most ``timeout`` seconds."""
+        raise NotImplementedError
 
     def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
         """Delete at most ``batch_size`` expired rows in one statement; return how many."""

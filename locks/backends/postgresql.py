@@ -10,6 +10,7 @@ after it. ``ON CONFLICT DO UPDATE`` takes a row over only when its ``WHERE`` say
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ ON CONFLICT (name) DO UPDATE SET
     acquired_at = CASE WHEN l.expires_at <= statement_timestamp()
                        THEN EXCLUDED.acquired_at ELSE l.acquired_at END,
     note = CASE WHEN l.expires_at <= statement_timestamp() THEN EXCLUDED.note ELSE l.note END,
+    waiting = l.waiting AND l.expires_at > statement_timestamp(),
     holder = EXCLUDED.holder,
     expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at)
 WHERE l.expires_at <= statement_timestamp() OR l.holder = EXCLUDED.holder
@@ -49,11 +51,28 @@ WHERE name = %s AND holder = %s AND token = %s AND expires_at > statement_timest
 RETURNING expires_at
 """
 
-RELEASE_LAST = """
+# Release notifications: NOTIFY serialises the commits of notifying transactions, so only
+# a release that a blocked acquire asked for (``waiting``) sends one.
+CHANNEL = "locks_released"
+NOTIFY_IF_WAITING = f"CASE WHEN waiting THEN pg_notify('{CHANNEL}', name) END"
+
+RELEASE_LAST = f"""
 DELETE FROM locks_lock
 WHERE name = %s AND holder = %s AND token = %s
   AND (count = 1 OR expires_at <= statement_timestamp() OR %s)
-RETURNING expires_at > statement_timestamp()
+RETURNING expires_at > statement_timestamp(), {NOTIFY_IF_WAITING}
+"""
+
+BREAK = f"DELETE FROM locks_lock WHERE name = %s RETURNING {NOTIFY_IF_WAITING}"
+
+BREAK_HOLDING = f"""
+DELETE FROM locks_lock WHERE name = %s AND token = %s RETURNING {NOTIFY_IF_WAITING}
+"""
+
+MARK_WAITING = """
+UPDATE locks_lock SET waiting = true
+WHERE name = %s AND expires_at > statement_timestamp()
+RETURNING extract(epoch FROM expires_at - statement_timestamp())
 """
 
 RELEASE_REENTRY = """
@@ -84,6 +103,7 @@ TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, de
 class PostgreSQLBackend(Backend):
     vendor = "postgresql"
     NOW = "statement_timestamp()"
+    supports_notify = True
 
     def acquire(
         self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
@@ -122,6 +142,26 @@ class PostgreSQLBackend(Backend):
     ) -> Released:
         cursor.execute(RELEASE_REENTRY, [name, holder, token])
         return Released.MISSING if cursor.fetchone() is None else Released.DONE
+
+    def break_lock(self, cursor: CursorWrapper, name: str) -> bool:
+        cursor.execute(BREAK, [name])
+        return cursor.fetchone() is not None
+
+    def break_holding(self, cursor: CursorWrapper, name: str, token: int) -> bool:
+        cursor.execute(BREAK_HOLDING, [name, token])
+        return cursor.fetchone() is not None
+
+    def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
+        cursor.execute(MARK_WAITING, [name])
+        row = cursor.fetchone()
+        return None if row is None else float(row[0])
+
+    def listen(self, raw: Any) -> None:
+        raw.execute(f"LISTEN {CHANNEL}")
+
+    def notifications(self, raw: Any, timeout: float) -> Iterator[str]:
+        for notify in raw.notifies(timeout=timeout):
+            yield notify.payload
 
     def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
         cursor.execute(REAP, [batch_size])
