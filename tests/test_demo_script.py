@@ -65,9 +65,13 @@ def demo_env(tmp_path: Path) -> Iterator[dict[str, str]]:
 def test_demo_setup_runs_without_a_terminal_and_prints_a_working_login(
     demo_env: dict[str, str],
 ) -> None:
-    for verb in ("Created", "Updated"):  # a second run keeps working
+    runs = [
+        ("Created", ["--", "--workers", "2", "--rounds", "5"]),  # with the contention demo
+        ("Updated", ["--no-contention"]),  # a second run keeps working
+    ]
+    for verb, options in runs:
         done = subprocess.run(
-            [DEMO, "--no-server", "--no-contention"],
+            [DEMO, "--no-server", *options],
             env=demo_env,
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -76,6 +80,7 @@ def test_demo_setup_runs_without_a_terminal_and_prints_a_working_login(
         )
         assert done.returncode == 0, done.stderr
         assert f"{verb} superuser. Admin login: admin / locks-demo" in done.stdout
+        assert ("verified: mutual exclusion held" in done.stdout) == (verb == "Created")
     check = (
         "import django; django.setup()\n"
         "from django.contrib.auth import authenticate\n"
