@@ -6,17 +6,23 @@ drawn under a transaction-scoped advisory lock on the name so that the draw and 
 are ordered together: a token drawn before another holder's whole hold cannot be granted
 after it. ``ON CONFLICT DO UPDATE`` takes a row over only when its ``WHERE`` says so
 (expired, or our own holder), so a lock granted a moment ago is never stolen.
+Row locks bound their wait with ``lock_timeout``, set for the transaction only
+(``SET LOCAL``) and put back as it was right after the lock is taken.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .base import Backend, Grant, Released
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
     from django.db.backends.utils import CursorWrapper
@@ -98,6 +104,16 @@ WHERE current_setting('synchronous_commit') = 'off'
 """
 
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
+
+# Transaction-scoped (is_local => SET LOCAL), so it also works behind PgBouncer in
+# transaction pooling mode; OFFSET 0 keeps the old value read before the new one is set.
+SET_LOCK_TIMEOUT = """
+SELECT old, set_config('lock_timeout', %s, true)
+FROM (SELECT current_setting('lock_timeout') AS old OFFSET 0) AS previous
+"""
+RESTORE_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
+LOCK_NOT_AVAILABLE = "55P03"  # NOWAIT, or lock_timeout ran out
+DEADLOCK = "40P01"
 
 
 class PostgreSQLBackend(Backend):
@@ -182,3 +198,32 @@ class PostgreSQLBackend(Backend):
 
     def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
         return {}
+
+    @contextmanager
+    def _lock_timeout(self, connection: BaseDatabaseWrapper, timeout: float) -> Iterator[None]:
+        # lock_timeout counts whole milliseconds and 0 would mean "no limit".
+        milliseconds = max(1, math.ceil(timeout * 1000))
+        with connection.cursor() as cursor:
+            cursor.execute(SET_LOCK_TIMEOUT, [f"{milliseconds}ms"])
+            old = cursor.fetchone()[0]
+        # On an error the transaction is aborted and no statement can run; its rollback
+        # (or the savepoint's) undoes the SET LOCAL.
+        yield
+        with connection.cursor() as cursor:
+            cursor.execute(RESTORE_LOCK_TIMEOUT, [old])
+
+    def bounded_wait(
+        self, connection: BaseDatabaseWrapper, timeout: float | None
+    ) -> AbstractContextManager[None]:
+        return nullcontext() if timeout is None else self._lock_timeout(connection, timeout)
+
+    def is_lock_busy(self, exc: BaseException) -> bool:
+        return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        return getattr(exc.__cause__, "sqlstate", None) == DEADLOCK
+
+    def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            return {"lock_timeout": str(cursor.fetchone()[0])}
