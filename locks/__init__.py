@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+from .aio import aacquire, alock, atry_acquire
 from .exceptions import ConcurrentUpdate, LockBusy, LockError, LockLost, StaleToken
 from .leases import (
     Lease,
@@ -30,7 +31,10 @@ __all__ = [
     "LockError",
     "LockLost",
     "StaleToken",
+    "aacquire",
     "acquire",
+    "alock",
+    "atry_acquire",
     "break_lock",
     "check_token",
     "is_locked",

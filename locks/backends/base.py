@@ -107,6 +107,23 @@ class Backend:
         cursor.execute("DELETE FROM locks_lock WHERE name = %s", [name])
         return bool(cursor.rowcount)
 
+    def break_holding(self, cursor: CursorWrapper, name: str, token: int) -> bool:
+        """Delete the row of ``name`` only while it is still the holding with ``token``.
+
+        A token names one holding (one holder, its re-entries): a lock re-acquired since
+        the caller looked has another token and is left alone.
+        """
+        cursor.execute("DELETE FROM locks_lock WHERE name = %s AND token = %s", [name, token])
+        return bool(cursor.rowcount)
+
+    def remaining(self, cursor: CursorWrapper, name: str) -> float | None:
+        """Seconds until the row of ``name`` expires by the database clock; ``None``: no row."""
+        cursor.execute(f"SELECT expires_at, {self.NOW} FROM locks_lock WHERE name = %s", [name])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        return (self.to_datetime(row[0]) - self.to_datetime(row[1])).total_seconds()
+
     def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
         """Ask to be notified when ``name`` is released; return the seconds its lease has
         left, or ``None`` when nobody holds it any more (try again at once)."""

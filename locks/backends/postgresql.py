@@ -71,6 +71,10 @@ RETURNING expires_at > statement_timestamp(), {NOTIFY_IF_WAITING}
 
 BREAK = f"DELETE FROM locks_lock WHERE name = %s RETURNING {NOTIFY_IF_WAITING}"
 
+BREAK_HOLDING = f"""
+DELETE FROM locks_lock WHERE name = %s AND token = %s RETURNING {NOTIFY_IF_WAITING}
+"""
+
 MARK_WAITING = """
 UPDATE locks_lock SET waiting = true
 WHERE name = %s AND expires_at > statement_timestamp()
@@ -142,6 +146,10 @@ class PostgreSQLBackend(Backend):
 
     def break_lock(self, cursor: CursorWrapper, name: str) -> bool:
         cursor.execute(BREAK, [name])
+        return cursor.fetchone() is not None
+
+    def break_holding(self, cursor: CursorWrapper, name: str, token: int) -> bool:
+        cursor.execute(BREAK_HOLDING, [name, token])
         return cursor.fetchone() is not None
 
     def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
