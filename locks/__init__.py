@@ -10,7 +10,14 @@ Example::
 
 from __future__ import annotations
 
-from .exceptions import ConcurrentUpdate, LockBusy, LockError, LockLost, StaleToken
+from .exceptions import (
+    ConcurrentUpdate,
+    DuplicateTask,
+    LockBusy,
+    LockError,
+    LockLost,
+    StaleToken,
+)
 from .leases import (
     Lease,
     acquire,
@@ -24,6 +31,7 @@ from .leases import (
 
 __all__ = [
     "ConcurrentUpdate",
+    "DuplicateTask",
     "Lease",
     "LockBusy",
     "LockError",

@@ -123,3 +123,12 @@ class Backend:
 
     def drop_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
         """Undo :meth:`create_extras`."""
+
+    def live_holding(self, cursor: CursorWrapper, name: str) -> tuple[str, str] | None:
+        """Holder and note of ``name`` if its lease is live by the database clock."""
+        cursor.execute(
+            f"SELECT holder, note FROM locks_lock WHERE name = %s AND expires_at > {self.NOW}",
+            [name],
+        )
+        row = cursor.fetchone()
+        return None if row is None else (str(row[0]), str(row[1]))
