@@ -26,3 +26,16 @@ class Hold(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} by {self.worker} token {self.token}: {self.started}..{self.ended}"
+
+
+class CeleryRun(models.Model):
+    """One run of a test Celery task, as the worker saw it."""
+
+    label = models.CharField(max_length=100)
+    task_id = models.CharField(max_length=64)
+    pid = models.IntegerField()
+    retries = models.IntegerField(default=0)
+    finished = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"{self.label} run by task {self.task_id} (pid {self.pid})"
