@@ -43,7 +43,9 @@ def reap(
 
     ``batch_size`` defaults to ``LOCKS["REAP_BATCH_SIZE"]`` and ``time_budget`` (seconds)
     to ``LOCKS["REAP_TIME_BUDGET"]``. Each batch is one conditional DELETE judged by the
-    database clock (:func:`locks.reap_expired`), so a lease renewed a moment ago survives.
+    database clock, as in :func:`locks.reap_expired`, so a lease renewed a moment ago
+    survives. On SQLite, where waiting writers poll, it pauses after each batch as long as
+    the batch took.
     Arguments are checked before any query.
 
     Example::
@@ -61,19 +63,25 @@ def reap(
     longest = 0.0
     while True:
         batch_started = time.monotonic()
-        # A time budget of 0 makes locks.reap_expired run exactly one batch: timing each
-        # batch here tells the operator how long one batch holds its locks.
-        count = leases.reap_expired(size, using=alias, time_budget=0)
+        # One batch at a time (what locks.reap_expired loops over), timed: the longest
+        # batch is about how long an acquire may wait for the reaper.
+        count, writers_poll = leases._execute(
+            alias,
+            "reap",
+            "*",
+            lambda backend, cursor: (backend.reap(cursor, size), backend.writers_poll),
+        )
         took = time.monotonic() - batch_started
         longest = max(longest, took)
         deleted += count
         batches += 1
         finished = count < size
-        if finished or (deadline is not None and time.monotonic() + took >= deadline):
+        pause = took if writers_poll else 0.0
+        if finished or (deadline is not None and time.monotonic() + pause >= deadline):
             break
-        # Leave the table to others as long as the batch held it: a waiting acquire gets in
-        # before the next batch (SQLite's busy handler polls; it is not a queue).
-        time.sleep(took)
+        # Where waiting writers poll rather than queue (SQLite), leave the database to them
+        # as long as the batch held it, or an acquire could wait through many batches.
+        time.sleep(pause)
     return ReapReport(deleted, batches, longest, time.monotonic() - started, alias, finished)
 
 

@@ -132,3 +132,7 @@ class Backend:
         )
         row = cursor.fetchone()
         return None if row is None else (str(row[0]), str(row[1]))
+
+    #: Whether a writer waiting for the database polls (SQLite's busy handler) instead of
+    #: queueing for a lock: a bulk job must then pause between statements to let it in.
+    writers_poll = False

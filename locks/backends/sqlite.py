@@ -172,3 +172,6 @@ class SQLiteBackend(Backend):
         schema_editor.execute("DROP TRIGGER IF EXISTS locks_token_on_update")
         schema_editor.execute("DROP TRIGGER IF EXISTS locks_token_on_insert")
         schema_editor.execute("DROP TABLE IF EXISTS locks_sequence")
+
+    # The busy handler retries with growing sleeps: a waiting writer does not queue.
+    writers_poll = True
