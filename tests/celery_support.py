@@ -77,7 +77,7 @@ class CeleryProcess:
     def stop(self) -> None:
         """Warm shutdown, then SIGKILL to the whole process group if it lingers."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.terminate()  # the main process stops its pool children itself
             with suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=20)
         with suppress(ProcessLookupError):
@@ -86,7 +86,8 @@ class CeleryProcess:
             self.process.wait(timeout=10)
 
 
-def _start(args: list[str], log: Path, env: dict[str, str]) -> CeleryProcess:
+def start_celery(args: list[str], log: Path, env: dict[str, str]) -> CeleryProcess:
+    """Start ``python -m celery ARGS`` in its own process group, logging to ``log``."""
     with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", *args],
@@ -111,7 +112,7 @@ def celery_worker(
     concurrency: int = 2,
 ) -> Iterator[CeleryProcess]:
     """Run ``celery -A app_module worker`` on ``queue`` until the block ends."""
-    worker = _start(
+    worker = start_celery(
         [
             "-A",
             app_module,
@@ -138,7 +139,7 @@ def celery_worker(
 @contextmanager
 def celery_beat(app_module: str, workdir: Path, env: dict[str, str]) -> Iterator[CeleryProcess]:
     """Run ``celery -A app_module beat`` with its schedule and pid files in ``workdir``."""
-    beat = _start(
+    beat = start_celery(
         [
             "-A",
             app_module,
