@@ -85,3 +85,18 @@ def record_or_raise(self: SingletonTask, report_id: int, gate: str = "") -> None
         _wait_for(gate)
     run.finished = True
     run.save(update_fields=["finished"])
+
+
+@shared_task(
+    bind=True,
+    base=SingletonTask,
+    name="tests.record_renewed",
+    lock_ttl=1.0,
+    lock_auto_renew=True,
+)
+def record_renewed(self: SingletonTask, label: str, gate: str) -> None:
+    """Like ``record``, with a 1 s lock that the run keeps renewing."""
+    run = _record(self, label)
+    _wait_for(gate)
+    run.finished = True
+    run.save(update_fields=["finished"])

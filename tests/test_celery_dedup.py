@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,3 +218,24 @@ def test_on_duplicate_raise_refuses_and_enqueues_nothing(worker: Worker, tmp_pat
     wait_until(lambda: not Lock.objects.filter(name="report:7").exists(), what="the release")
     drain(worker, tmp_path)
     assert worker.received("tests.record_or_raise") == [first.id]
+
+
+def test_auto_renew_keeps_the_lock_of_a_run_that_outlasts_its_ttl(
+    worker: Worker, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    task = singleton(worker.app, "tests.record_renewed")
+    key = task.lock_name(("long", str(gate)))
+    first = task.delay("long", str(gate))
+    wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).exists(), what="the run")
+    granted = Lock.objects.get(name=key)
+    outlived = time.monotonic() + 3.0  # three TTLs of 1 s
+    wait_until(lambda: time.monotonic() > outlived, what="three TTLs to pass")
+    # The worker's watchdog renewed the lease: still the same holding, still deduplicating.
+    renewed = Lock.objects.get(name=key)
+    assert (renewed.holder, renewed.token) == (first.id, granted.token)
+    assert renewed.expires_at > granted.expires_at
+    assert locks.is_locked(key)
+    assert task.delay("long", str(gate)).id == first.id
+    gate.touch()
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")
