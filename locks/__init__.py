@@ -28,6 +28,7 @@ from .leases import (
     reap_expired,
     try_acquire,
 )
+from .rowlocks import lock_rows, row_lock
 
 __all__ = [
     "ConcurrentUpdate",
@@ -42,6 +43,8 @@ __all__ = [
     "check_token",
     "is_locked",
     "lock",
+    "lock_rows",
     "reap_expired",
+    "row_lock",
     "try_acquire",
 ]

@@ -32,6 +32,9 @@ DEFAULTS: dict[str, Any] = {
     "TASK_LOCK_TTL": 3600.0,
     # The auto-renew watchdog renews when this fraction of the TTL has passed.
     "RENEW_FRACTION": 1 / 3,
+    # PostgreSQL: wake blocked acquires with LISTEN/NOTIFY (one listening connection per
+    # process and alias). Off: they poll with backoff, e.g. behind a pooler that drops LISTEN.
+    "NOTIFY": True,
 }
 
 
@@ -71,6 +74,10 @@ class Settings:
     @property
     def REAP_BATCH_SIZE(self) -> int:
         return int(self._get("REAP_BATCH_SIZE"))
+
+    @property
+    def NOTIFY(self) -> bool:
+        return bool(self._get("NOTIFY"))
 
     @property
     def REAP_TIME_BUDGET(self) -> float | None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError
 
-from . import connection, validation, watchdog
+from . import connection, validation, waiting, watchdog
 from .backends import Backend, Released, for_connection
 from .conf import conf
 from .exceptions import LockBusy, LockError, LockLost
@@ -117,19 +117,53 @@ class _Request:
         return lease
 
     def wait(self, timeout: float | None) -> Lease:
+        lease = self.attempt()
+        if lease is not None:
+            return lease
+        if timeout == 0:
+            raise LockBusy(f"lock {self.name!r} is held by another holder")
         deadline = None if timeout is None else time.monotonic() + timeout
+        backend = for_connection(connection.get(self.using))
+        if backend.supports_notify and conf.NOTIFY:
+            listener = waiting.listener(self.using)
+            woken = listener.subscribe(self.name)
+            try:
+                return self._wait_for(deadline, timeout, backend, woken)
+            finally:
+                listener.unsubscribe(self.name, woken)
+        return self._wait_for(deadline, timeout, backend, None)
+
+    def _wait_for(
+        self,
+        deadline: float | None,
+        timeout: float | None,
+        backend: Backend,
+        woken: threading.Event | None,
+    ) -> Lease:
         for attempt in itertools.count():
+            pause = _backoff(attempt)
+            if woken is not None:
+                # Flag the row so its release notifies us, and never sleep past its expiry.
+                left = _execute(
+                    self.using, "wait for", self.name,
+                    lambda b, cursor: b.mark_waiting(cursor, self.name),
+                )  # fmt: skip
+                pause = 0 if left is None else min(pause, left + 0.001)
+            now = time.monotonic()
+            if deadline is not None:
+                if now >= deadline:
+                    raise LockBusy(
+                        f"lock {self.name!r} is held by another holder; gave up after {timeout:g} s"
+                    )
+                pause = min(pause, deadline - now)
+            if woken is not None:
+                woken.wait(pause)
+                woken.clear()
+            else:
+                time.sleep(pause)
             lease = self.attempt()
             if lease is not None:
                 return lease
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                raise LockBusy(
-                    f"lock {self.name!r} is held by another holder"
-                    + (f"; gave up after {timeout:g} s" if timeout else "")
-                )
-            pause = _backoff(attempt)
-            time.sleep(pause if deadline is None else min(pause, deadline - now))
         raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -48,9 +48,14 @@ class Watchdog:
             self._cond.notify()
 
     def _next_due(self) -> weakref.ref[Lease] | None:
+        from . import connection
+
         with self._cond:
             while True:
                 if not self._queue:
+                    # Nothing to renew: hang up, so an idle process holds no session
+                    # (and a test database can be dropped).
+                    connection.close()
                     self._cond.wait(timeout=60)
                     if not self._queue:
                         return None

@@ -3,4 +3,10 @@
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from tests import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("acquire-then-fail/", views.acquire_then_fail),
+    path("acquire-and-release/", views.acquire_and_release),
+]

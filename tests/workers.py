@@ -90,22 +90,31 @@ def release_as(name: str, holder: str, ttl: float) -> None:
     emit(event="released")
 
 
-def probe(name: str) -> None:
+def probe(name: str, using: str = "default") -> None:
     """Report whether ``name`` looks locked from another process, and try it."""
     import locks
 
-    lease = locks.try_acquire(name, ttl=5)
+    lease = locks.try_acquire(name, ttl=5, using=using)
     emit(event="probe", locked=lease is None)
     if lease is not None:
         lease.release()
 
 
+def auto_renew_exit(name: str, ttl: float) -> None:
+    """Take an auto-renewing lease and end the process without releasing it."""
+    import locks
+
+    locks.acquire(name, ttl=ttl, auto_renew=True)
+    emit(event="acquired")
+
+
 SCENARIOS = {
+    "auto_renew_exit": lambda a: auto_renew_exit(a[0], float(a[1])),
     "contend": lambda a: contend(int(a[0]), a[1], int(a[2]), float(a[3])),
     "hold": lambda a: hold(a[0], float(a[1]), float(a[2]), *a[3:]),
     "acquire_only": lambda a: acquire_only(a[0], float(a[1]), *a[2:]),
     "release_as": lambda a: release_as(a[0], a[1], float(a[2])),
-    "probe": lambda a: probe(a[0]),
+    "probe": lambda a: probe(*a),
 }
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -44,6 +46,8 @@ class Backend:
     NOW = ""
     #: Whether row locks (SELECT ... FOR UPDATE) exist on this database.
     has_row_locks = True
+    #: Whether blocked acquires can be woken by the server when a lock is released.
+    supports_notify = False
 
     def acquire(
         self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
@@ -86,6 +90,19 @@ class Backend:
         cursor.execute("DELETE FROM locks_lock WHERE name = %s", [name])
         return bool(cursor.rowcount)
 
+    def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
+        """Ask to be notified when ``name`` is released; return the seconds its lease has
+        left, or ``None`` when nobody holds it any more (try again at once)."""
+        raise NotImplementedError
+
+    def listen(self, raw: Any) -> None:
+        """Subscribe a raw driver connection to release notifications."""
+        raise NotImplementedError
+
+    def notifications(self, raw: Any, timeout: float) -> Iterator[str]:
+        """Names released since the last call, waiting at most ``timeout`` seconds."""
+        raise NotImplementedError
+
     def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
         """Delete at most ``batch_size`` expired rows in one statement; return how many."""
         raise NotImplementedError
@@ -123,6 +140,65 @@ class Backend:
 
     def drop_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
         """Undo :meth:`create_extras`."""
+
+    # --- row locks (``SELECT ... FOR UPDATE``; see locks/rowlocks.py) ----------------------
+
+    #: Whether a missing row-lock row is inserted inside the caller's transaction (where
+    #: the insert itself locks the new row) rather than on the app's own connection.
+    creates_row_in_transaction = False
+
+    def select_row_lock(
+        self, cursor: CursorWrapper, name: str, *, nowait: bool, skip_locked: bool
+    ) -> bool:
+        """Lock the row of ``name`` for the current transaction; False if none was locked.
+
+        False means the row does not exist, or (``skip_locked``) another transaction holds it.
+        """
+        suffix = " NOWAIT" if nowait else " SKIP LOCKED" if skip_locked else ""
+        cursor.execute(f"SELECT name FROM locks_rowlock WHERE name = %s FOR UPDATE{suffix}", [name])
+        return cursor.fetchone() is not None
+
+    def insert_row_lock(self, cursor: CursorWrapper, name: str, *, nowait: bool = False) -> bool:
+        """Create the row of ``name`` unless it exists; True if this statement created it.
+
+        Safe when many sessions create the same row at once. With ``nowait``, a row that
+        another transaction is inserting or holding fails at once (a lock-busy error).
+        """
+        cursor.execute(
+            "INSERT INTO locks_rowlock (name) VALUES (%s) ON CONFLICT (name) DO NOTHING "
+            "RETURNING 1",
+            [name],
+        )
+        return cursor.fetchone() is not None
+
+    def take_write_lock(self, cursor: CursorWrapper) -> None:
+        """Take the database's write lock for the current transaction, writing nothing.
+
+        Only for databases without row locks, where it stands in for them.
+        """
+
+    def bounded_wait(
+        self, connection: BaseDatabaseWrapper, timeout: float | None
+    ) -> AbstractContextManager[None]:
+        """Make lock waits of statements on ``connection`` in this scope end after ``timeout`` s.
+
+        Leaves the session's settings as they were. If the scope raises, the caller must
+        roll back the transaction or savepoint it runs in (a failed lock wait may have
+        aborted it). ``None`` keeps the server's own limit.
+        """
+        return nullcontext()
+
+    def is_lock_busy(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says a lock wait gave up: NOWAIT, a lock timeout, a busy database."""
+        return False
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a deadlock, which rolled back the whole transaction."""
+        return False
+
+    def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
+        """The session settings :meth:`bounded_wait` may touch, as they are now."""
+        return {}
 
     def live_holding(self, cursor: CursorWrapper, name: str) -> tuple[str, str] | None:
         """Holder and note of ``name`` if its lease is live by the database clock."""

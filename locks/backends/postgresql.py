@@ -6,16 +6,23 @@ drawn under a transaction-scoped advisory lock on the name so that the draw and 
 are ordered together: a token drawn before another holder's whole hold cannot be granted
 after it. ``ON CONFLICT DO UPDATE`` takes a row over only when its ``WHERE`` says so
 (expired, or our own holder), so a lock granted a moment ago is never stolen.
+Row locks bound their wait with ``lock_timeout``, set for the transaction only
+(``SET LOCAL``) and put back as it was right after the lock is taken.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .base import Backend, Grant, Released
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
     from django.db.backends.utils import CursorWrapper
@@ -37,6 +44,7 @@ ON CONFLICT (name) DO UPDATE SET
     acquired_at = CASE WHEN l.expires_at <= statement_timestamp()
                        THEN EXCLUDED.acquired_at ELSE l.acquired_at END,
     note = CASE WHEN l.expires_at <= statement_timestamp() THEN EXCLUDED.note ELSE l.note END,
+    waiting = l.waiting AND l.expires_at > statement_timestamp(),
     holder = EXCLUDED.holder,
     expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at)
 WHERE l.expires_at <= statement_timestamp() OR l.holder = EXCLUDED.holder
@@ -49,11 +57,24 @@ WHERE name = %s AND holder = %s AND token = %s AND expires_at > statement_timest
 RETURNING expires_at
 """
 
-RELEASE_LAST = """
+# Release notifications: NOTIFY serialises the commits of notifying transactions, so only
+# a release that a blocked acquire asked for (``waiting``) sends one.
+CHANNEL = "locks_released"
+NOTIFY_IF_WAITING = f"CASE WHEN waiting THEN pg_notify('{CHANNEL}', name) END"
+
+RELEASE_LAST = f"""
 DELETE FROM locks_lock
 WHERE name = %s AND holder = %s AND token = %s
   AND (count = 1 OR expires_at <= statement_timestamp() OR %s)
-RETURNING expires_at > statement_timestamp()
+RETURNING expires_at > statement_timestamp(), {NOTIFY_IF_WAITING}
+"""
+
+BREAK = f"DELETE FROM locks_lock WHERE name = %s RETURNING {NOTIFY_IF_WAITING}"
+
+MARK_WAITING = """
+UPDATE locks_lock SET waiting = true
+WHERE name = %s AND expires_at > statement_timestamp()
+RETURNING extract(epoch FROM expires_at - statement_timestamp())
 """
 
 RELEASE_REENTRY = """
@@ -80,10 +101,21 @@ WHERE current_setting('synchronous_commit') = 'off'
 
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 
+# Transaction-scoped (is_local => SET LOCAL), so it also works behind PgBouncer in
+# transaction pooling mode; OFFSET 0 keeps the old value read before the new one is set.
+SET_LOCK_TIMEOUT = """
+SELECT old, set_config('lock_timeout', %s, true)
+FROM (SELECT current_setting('lock_timeout') AS old OFFSET 0) AS previous
+"""
+RESTORE_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
+LOCK_NOT_AVAILABLE = "55P03"  # NOWAIT, or lock_timeout ran out
+DEADLOCK = "40P01"
+
 
 class PostgreSQLBackend(Backend):
     vendor = "postgresql"
     NOW = "statement_timestamp()"
+    supports_notify = True
 
     def acquire(
         self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
@@ -123,6 +155,22 @@ class PostgreSQLBackend(Backend):
         cursor.execute(RELEASE_REENTRY, [name, holder, token])
         return Released.MISSING if cursor.fetchone() is None else Released.DONE
 
+    def break_lock(self, cursor: CursorWrapper, name: str) -> bool:
+        cursor.execute(BREAK, [name])
+        return cursor.fetchone() is not None
+
+    def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
+        cursor.execute(MARK_WAITING, [name])
+        row = cursor.fetchone()
+        return None if row is None else float(row[0])
+
+    def listen(self, raw: Any) -> None:
+        raw.execute(f"LISTEN {CHANNEL}")
+
+    def notifications(self, raw: Any, timeout: float) -> Iterator[str]:
+        for notify in raw.notifies(timeout=timeout):
+            yield notify.payload
+
     def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
         cursor.execute(REAP, [batch_size])
         return int(cursor.rowcount)
@@ -142,3 +190,32 @@ class PostgreSQLBackend(Backend):
 
     def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
         return {}
+
+    @contextmanager
+    def _lock_timeout(self, connection: BaseDatabaseWrapper, timeout: float) -> Iterator[None]:
+        # lock_timeout counts whole milliseconds and 0 would mean "no limit".
+        milliseconds = max(1, math.ceil(timeout * 1000))
+        with connection.cursor() as cursor:
+            cursor.execute(SET_LOCK_TIMEOUT, [f"{milliseconds}ms"])
+            old = cursor.fetchone()[0]
+        # On an error the transaction is aborted and no statement can run; its rollback
+        # (or the savepoint's) undoes the SET LOCAL.
+        yield
+        with connection.cursor() as cursor:
+            cursor.execute(RESTORE_LOCK_TIMEOUT, [old])
+
+    def bounded_wait(
+        self, connection: BaseDatabaseWrapper, timeout: float | None
+    ) -> AbstractContextManager[None]:
+        return nullcontext() if timeout is None else self._lock_timeout(connection, timeout)
+
+    def is_lock_busy(self, exc: BaseException) -> bool:
+        return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        return getattr(exc.__cause__, "sqlstate", None) == DEADLOCK
+
+    def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            return {"lock_timeout": str(cursor.fetchone()[0])}

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('testapp', '0001_initial'),
+        ('testapp', '0002_rowlocks_fencing_versions'),
     ]
 
     operations = [

@@ -1,0 +1,93 @@
+"""The auto-renew watchdog keeps leases alive, notices losses, and never outstays."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+import weakref
+
+import pytest
+
+import locks
+from locks import watchdog
+from locks.models import Lock
+from tests.conftest import finish, spawn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_for(condition: object, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if callable(condition) and condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_auto_renew_keeps_a_lease_alive_past_its_ttl() -> None:
+    with locks.lock("orders:1", ttl=0.6, auto_renew=True) as lease:
+        time.sleep(2.0)
+        assert locks.check_token("orders:1", lease.token)
+        assert locks.try_acquire("orders:1", holder="bob") is None
+        assert not lease.lost
+    assert not locks.is_locked("orders:1")
+
+
+def test_watchdog_marks_a_broken_lease_lost_and_the_block_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="locks")
+    with (
+        pytest.raises(locks.LockLost, match="orders:1"),
+        locks.lock("orders:1", ttl=0.6, auto_renew=True) as lease,
+    ):
+        locks.break_lock("orders:1")
+        assert wait_for(lambda: lease.lost)
+    assert any("orders:1" in record.getMessage() for record in caplog.records)
+
+
+def test_a_lost_lease_does_not_mask_the_blocks_own_exception() -> None:
+    with (
+        pytest.raises(ValueError, match="own"),
+        locks.lock("orders:1", ttl=0.6, auto_renew=True) as lease,
+    ):
+        locks.break_lock("orders:1")
+        assert wait_for(lambda: lease.lost)
+        raise ValueError("the block's own error")
+
+
+def test_watchdog_stops_renewing_after_release() -> None:
+    lease = locks.acquire("orders:1", ttl=0.3, auto_renew=True)
+    lease.release()
+    # Another holder's lease of the same name must simply run out.
+    other = locks.acquire("orders:1", ttl=0.5, holder="bob")
+    first_expiry = other.expires_at
+    time.sleep(0.8)
+    assert not locks.is_locked("orders:1")
+    assert Lock.objects.get(name="orders:1").expires_at == first_expiry
+    assert wait_for(lambda: not watchdog._watchdog._queue, 2)
+
+
+def test_a_dropped_lease_is_not_kept_alive_by_the_watchdog() -> None:
+    lease = locks.acquire("orders:1", ttl=0.5, auto_renew=True)
+    ref = weakref.ref(lease)
+    del lease
+    gc.collect()
+    assert ref() is None
+    time.sleep(0.8)
+    assert not locks.is_locked("orders:1")
+
+
+def test_watchdog_runs_as_a_daemon_thread() -> None:
+    with locks.lock("orders:1", ttl=5, auto_renew=True):
+        threads = [t for t in threading.enumerate() if t.name == "locks-watchdog"]
+        assert threads and all(t.daemon for t in threads)
+
+
+def test_watchdog_never_keeps_a_process_alive() -> None:
+    # The worker takes an auto-renewing lease and returns from main() without releasing.
+    events = finish(spawn("auto_renew_exit", "orders:1", 5), timeout=60)
+    assert events == [{"event": "acquired"}]

@@ -1,0 +1,369 @@
+"""Behaviour of the lease API on the backend under test."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+
+import locks
+from locks.models import Lock
+from tests.conftest import finish, spawn
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
+
+
+def row(name: str, using: str = "default") -> Lock | None:
+    return Lock.objects.using(using).filter(name=name).first()
+
+
+def test_acquire_returns_a_lease_matching_its_row() -> None:
+    lease = locks.acquire("orders:1", ttl=30, note="shipping")
+    stored = row("orders:1")
+    assert stored is not None
+    assert (stored.holder, stored.token, stored.count) == (lease.holder, lease.token, 1)
+    assert stored.note == "shipping"
+    assert stored.expires_at == lease.expires_at
+    assert stored.acquired_at == lease.acquired_at
+    span = (lease.expires_at - lease.acquired_at).total_seconds()
+    assert 29.9 < span <= 30.001
+    assert lease.count == 1 and lease.held and not lease.lost
+    assert lease.using == "default" and lease.ttl == 30
+
+
+def test_release_deletes_the_row() -> None:
+    lease = locks.acquire("orders:1")
+    lease.release()
+    assert row("orders:1") is None
+    assert not lease.held
+    assert not locks.is_locked("orders:1")
+
+
+def test_reentry_keeps_the_token_and_counts_until_the_last_release() -> None:
+    outer = locks.acquire("orders:1")
+    inner = locks.acquire("orders:1")
+    innermost = locks.try_acquire("orders:1")
+    assert innermost is not None
+    assert outer.token == inner.token == innermost.token
+    assert (outer.count, inner.count, innermost.count) == (1, 2, 3)
+    innermost.release()
+    assert row("orders:1").count == 2  # type: ignore[union-attr]
+    inner.release()
+    assert locks.is_locked("orders:1")
+    outer.release()
+    assert row("orders:1") is None
+
+
+def test_out_of_order_release_of_reentries_still_ends_cleanly() -> None:
+    outer = locks.acquire("orders:1")
+    inner = locks.acquire("orders:1")
+    outer.release()
+    assert locks.is_locked("orders:1")
+    inner.release()
+    assert row("orders:1") is None
+
+
+def test_try_acquire_returns_none_and_changes_nothing_when_held() -> None:
+    first = locks.acquire("orders:1", ttl=30, holder="alice")
+    before = row("orders:1")
+    assert locks.try_acquire("orders:1", ttl=300, holder="bob", note="x") is None
+    after = row("orders:1")
+    assert before is not None and after is not None
+    assert (after.holder, after.token, after.count, after.expires_at, after.note) == (
+        "alice",
+        first.token,
+        1,
+        before.expires_at,
+        "",
+    )
+
+
+def test_acquire_with_timeout_zero_gives_up_at_once() -> None:
+    locks.acquire("orders:1", holder="alice")
+    started = time.monotonic()
+    with pytest.raises(locks.LockBusy, match="orders:1"):
+        locks.acquire("orders:1", holder="bob", timeout=0)
+    assert time.monotonic() - started < 5
+
+
+def test_acquire_waits_up_to_its_timeout() -> None:
+    locks.acquire("orders:1", holder="alice")
+    started = time.monotonic()
+    with pytest.raises(locks.LockBusy, match=r"gave up after 0\.3 s"):
+        locks.acquire("orders:1", holder="bob", timeout=timedelta(seconds=0.3))
+    assert time.monotonic() - started >= 0.3
+
+
+def test_blocking_acquire_gets_the_lock_once_another_thread_releases_it() -> None:
+    first = locks.acquire("orders:1")
+    released = threading.Event()
+
+    def release_later() -> None:
+        time.sleep(0.3)
+        first.release()
+        released.set()
+        connections.close_all()
+        locks.connection.close()
+
+    thread = threading.Thread(target=release_later)
+    thread.start()
+    second = locks.acquire("orders:1", holder="bob", timeout=30)
+    assert released.is_set()
+    assert second.token > first.token
+    thread.join()
+
+
+def test_takeover_of_an_expired_lease_locks_out_the_old_holder() -> None:
+    old = locks.acquire("orders:1", ttl=0.2, holder="alice")
+    time.sleep(0.3)
+    new = locks.acquire("orders:1", ttl=30, holder="bob", timeout=0)
+    assert new.token > old.token and new.count == 1
+    with pytest.raises(locks.LockLost, match="orders:1"):
+        old.renew()
+    with pytest.raises(locks.LockLost, match="orders:1"):
+        old.release()
+    # The new holder is untouched.
+    stored = row("orders:1")
+    assert stored is not None and (stored.holder, stored.token) == ("bob", new.token)
+    assert locks.check_token("orders:1", new.token)
+    new.release()
+
+
+def test_reacquiring_after_ones_own_expiry_is_a_new_holding() -> None:
+    old = locks.acquire("orders:1", ttl=0.2)
+    time.sleep(0.3)
+    new = locks.acquire("orders:1", ttl=30, timeout=0)
+    assert new.holder == old.holder
+    assert new.count == 1 and new.token > old.token
+    with pytest.raises(locks.LockLost):
+        old.release()
+    assert locks.check_token("orders:1", new.token)
+    new.release()
+    assert row("orders:1") is None
+
+
+def test_renew_extends_the_lease_by_the_database_clock() -> None:
+    lease = locks.acquire("orders:1", ttl=0.5)
+    first_expiry = lease.expires_at
+    lease.renew(ttl=30)
+    assert lease.expires_at > first_expiry
+    assert row("orders:1").expires_at == lease.expires_at  # type: ignore[union-attr]
+    time.sleep(0.6)
+    assert locks.is_locked("orders:1")
+    lease.renew()  # its own TTL (0.5 s) is shorter than what is left: never shortens
+    assert row("orders:1").expires_at == lease.expires_at  # type: ignore[union-attr]
+    lease.release()
+
+
+def test_renew_after_expiry_raises_lock_lost_even_if_nobody_took_over() -> None:
+    lease = locks.acquire("orders:1", ttl=0.2)
+    time.sleep(0.3)
+    with pytest.raises(locks.LockLost, match="orders:1"):
+        lease.renew()
+    assert lease.lost
+
+
+def test_release_after_expiry_raises_lock_lost_and_removes_the_row() -> None:
+    lease = locks.acquire("orders:1", ttl=0.2)
+    time.sleep(0.3)
+    with pytest.raises(locks.LockLost, match="expired before it was released"):
+        lease.release()
+    assert row("orders:1") is None
+
+
+def test_releasing_twice_is_an_error() -> None:
+    lease = locks.acquire("orders:1")
+    lease.release()
+    with pytest.raises(locks.LockError, match="already released"):
+        lease.release()
+    with pytest.raises(locks.LockError, match="already released"):
+        lease.renew()
+
+
+def test_is_locked_follows_the_database_clock() -> None:
+    assert not locks.is_locked("orders:1")
+    locks.acquire("orders:1", ttl=0.2)
+    assert locks.is_locked("orders:1")
+    time.sleep(0.3)
+    assert not locks.is_locked("orders:1")
+    assert row("orders:1") is not None  # expired, not yet reaped
+
+
+def test_check_token_is_true_only_for_the_live_holders_token() -> None:
+    old = locks.acquire("orders:1", ttl=0.2)
+    assert locks.check_token("orders:1", old.token)
+    assert not locks.check_token("orders:1", old.token + 1)
+    assert not locks.check_token("orders:2", old.token)
+    time.sleep(0.3)
+    assert not locks.check_token("orders:1", old.token)  # expired
+    new = locks.acquire("orders:1", holder="bob")
+    assert not locks.check_token("orders:1", old.token)
+    assert locks.check_token("orders:1", new.token)
+
+
+def test_break_lock_frees_the_name_and_the_holder_learns_it() -> None:
+    lease = locks.acquire("orders:1", holder="alice")
+    assert locks.break_lock("orders:1") is True
+    assert locks.break_lock("orders:1") is False
+    assert not locks.is_locked("orders:1")
+    with pytest.raises(locks.LockLost):
+        lease.renew()
+    successor = locks.acquire("orders:1", holder="bob")
+    assert successor.token > lease.token
+    with pytest.raises(locks.LockLost):
+        lease.release()
+    assert locks.is_locked("orders:1")
+
+
+def test_tokens_rise_forever_whatever_ended_the_previous_holding() -> None:
+    tokens = []
+    for end in ["release", "break", "expire", "reap", "release"]:
+        lease = locks.acquire("orders:1", ttl=0.2 if end in {"expire", "reap"} else 30)
+        tokens.append(lease.token)
+        if end == "release":
+            lease.release()
+        elif end == "break":
+            locks.break_lock("orders:1")
+        else:
+            time.sleep(0.3)
+            if end == "reap":
+                assert locks.reap_expired() >= 1
+                assert row("orders:1") is None
+    tokens.append(locks.acquire("orders:1").token)
+    assert tokens == sorted(set(tokens)), tokens
+
+
+def test_reaper_deletes_expired_rows_in_batches_and_leaves_live_ones() -> None:
+    for i in range(5):
+        locks.acquire(f"short:{i}", ttl=0.2)
+    live = [locks.acquire(f"long:{i}", ttl=30) for i in range(3)]
+    renewed = locks.acquire("renewed", ttl=0.2)
+    time.sleep(0.3)
+    with pytest.raises(locks.LockLost):
+        renewed.renew()  # expired: a late renewal does not resurrect it
+    kept = locks.acquire("kept", ttl=0.4)
+    time.sleep(0.2)
+    kept.renew(ttl=30)
+    time.sleep(0.3)  # past its first expiry; the renewal must protect it
+    assert locks.reap_expired(batch_size=2) == 6
+    assert sorted(Lock.objects.values_list("name", flat=True)) == sorted(
+        [lease.name for lease in live] + ["kept"]
+    )
+    assert locks.reap_expired() == 0
+
+
+def test_reap_time_budget_stops_after_a_batch() -> None:
+    for i in range(4):
+        locks.acquire(f"short:{i}", ttl=0.1)
+    time.sleep(0.2)
+    assert locks.reap_expired(batch_size=1, time_budget=0) == 1
+    assert Lock.objects.count() == 3
+
+
+def test_lock_context_manager_releases_on_exit_and_on_error() -> None:
+    with locks.lock("orders:1", ttl=30) as lease:
+        assert locks.is_locked("orders:1")
+        assert lease.count == 1
+    assert not locks.is_locked("orders:1")
+    with pytest.raises(ZeroDivisionError), locks.lock("orders:1"):
+        1 / 0  # noqa: B018
+    assert not locks.is_locked("orders:1")
+
+
+def test_lock_works_as_a_decorator_with_a_fresh_lease_per_call() -> None:
+    tokens = []
+
+    @locks.lock("orders:1", ttl=30, timeout=5)
+    def work() -> None:
+        tokens.append(Lock.objects.get(name="orders:1").token)
+
+    work()
+    work()
+    assert len(tokens) == 2 and tokens[0] < tokens[1]
+    assert not locks.is_locked("orders:1")
+
+
+def test_lease_is_a_context_manager_too() -> None:
+    with locks.acquire("orders:1") as lease:
+        assert lease.held
+    assert not locks.is_locked("orders:1")
+
+
+def test_block_raises_lock_lost_at_exit_when_the_lock_was_broken_meanwhile() -> None:
+    with pytest.raises(locks.LockLost, match="orders:1"), locks.lock("orders:1"):
+        locks.break_lock("orders:1")
+
+
+def test_lost_lock_does_not_mask_the_blocks_own_exception() -> None:
+    with pytest.raises(KeyError), locks.lock("orders:1"):
+        locks.break_lock("orders:1")
+        raise KeyError("the block's own error")
+
+
+def test_names_are_exact_case_and_trailing_space_sensitive() -> None:
+    names = ["Lock", "lock", "lock ", "LOCK", "lóck"]
+    leases = [locks.acquire(name, holder=f"h{i}", timeout=0) for i, name in enumerate(names)]
+    assert len({lease.token for lease in leases}) == len(names)
+    assert sorted(Lock.objects.values_list("name", flat=True)) == sorted(names)
+
+
+def test_unicode_and_maximum_length_names_round_trip() -> None:
+    for name in ["заказ:42/🚀", "x" * 255, "a:b/c%d"]:
+        with locks.lock(name) as lease:
+            assert row(name) is not None
+            assert locks.check_token(name, lease.token)
+
+
+def test_leases_on_another_alias_live_in_that_database() -> None:
+    lease = locks.acquire("orders:1", using="other")
+    assert row("orders:1", "other") is not None
+    assert row("orders:1", "default") is None
+    assert locks.is_locked("orders:1", using="other")
+    assert not locks.is_locked("orders:1")
+    assert locks.check_token("orders:1", lease.token, using="other")
+    lease.release()
+    assert row("orders:1", "other") is None
+
+
+def test_default_holder_differs_per_thread_and_a_new_thread_does_not_reenter() -> None:
+    main = locks.acquire("orders:1")
+    seen: list[object] = []
+
+    def other_thread() -> None:
+        seen.append(locks.try_acquire("orders:1"))
+        locks.connection.close()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert seen == [None]
+    main.release()
+
+
+def test_explicit_holder_shares_a_lease_with_another_process() -> None:
+    lease = locks.acquire("job:7", ttl=30, holder="job-7")
+    events = finish(spawn("release_as", "job:7", "job-7", 30))
+    assert events[0] == {"event": "acquired", "token": lease.token, "count": 2}
+    assert events[1] == {"event": "released"}
+    assert row("job:7").count == 1  # type: ignore[union-attr]
+    lease.release()
+    assert row("job:7") is None
+
+
+def test_a_lease_is_visible_to_other_processes_at_once() -> None:
+    lease = locks.acquire("orders:1")
+    assert finish(spawn("probe", "orders:1")) == [{"event": "probe", "locked": True}]
+    lease.release()
+    assert finish(spawn("probe", "orders:1")) == [{"event": "probe", "locked": False}]
+
+
+def test_a_process_with_a_reused_identity_would_need_the_same_nonce() -> None:
+    # A dead process's lease is not re-entered by a new process: the holder differs.
+    events = finish(spawn("acquire_only", "orders:1", 30))
+    holder = events[0]["holder"]
+    assert row("orders:1").holder == holder  # type: ignore[union-attr]
+    second = finish(spawn("probe", "orders:1"))
+    assert second == [{"event": "probe", "locked": True}]

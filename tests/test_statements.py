@@ -1,0 +1,74 @@
+"""Round trips per operation on the app's own connection (the performance contract)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from django.test.utils import CaptureQueriesContext
+
+import locks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# PostgreSQL and SQLite decide every operation in one statement; MariaDB needs a second
+# one to read back a renewed expiry (it has no UPDATE ... RETURNING).
+RENEW_STATEMENTS = {"sqlite": 1, "postgresql": 1, "mariadb": 2}
+
+Capture = Callable[[], CaptureQueriesContext]
+
+
+def test_uncontended_acquire_is_one_statement(own_queries: Capture) -> None:
+    with own_queries() as queries:
+        lease = locks.acquire("orders:1")
+    assert len(queries) == 1, queries.captured_queries
+    lease.release()
+
+
+def test_release_is_one_statement(own_queries: Capture) -> None:
+    lease = locks.acquire("orders:1")
+    with own_queries() as queries:
+        lease.release()
+    assert len(queries) == 1, queries.captured_queries
+
+
+def test_failed_try_is_one_statement(own_queries: Capture) -> None:
+    locks.acquire("orders:1", holder="alice")
+    with own_queries() as queries:
+        assert locks.try_acquire("orders:1", holder="bob") is None
+    assert len(queries) == 1, queries.captured_queries
+
+
+def test_reentry_and_its_release_are_one_statement_each(own_queries: Capture) -> None:
+    outer = locks.acquire("orders:1")
+    with own_queries() as queries:
+        inner = locks.acquire("orders:1")
+        inner.release()
+    assert len(queries) == 2, queries.captured_queries
+    outer.release()
+
+
+def test_renew_statements(own_queries: Capture, backend: str) -> None:
+    lease = locks.acquire("orders:1")
+    with own_queries() as queries:
+        lease.renew()
+    assert len(queries) == RENEW_STATEMENTS[backend], queries.captured_queries
+
+
+def test_reads_and_break_are_one_statement_each(own_queries: Capture) -> None:
+    lease = locks.acquire("orders:1")
+    with own_queries() as queries:
+        locks.is_locked("orders:1")
+        locks.check_token("orders:1", lease.token)
+        locks.break_lock("orders:1")
+    assert len(queries) == 3, queries.captured_queries
+
+
+def test_lock_statements_never_touch_the_callers_connection() -> None:
+    from django.db import connection
+
+    with CaptureQueriesContext(connection) as queries:
+        with locks.lock("orders:1") as lease:
+            lease.renew()
+        locks.is_locked("orders:1")
+    assert queries.captured_queries == []

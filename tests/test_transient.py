@@ -1,0 +1,131 @@
+"""Transient database errors are retried inside an attempt, bounded; others surface."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+from django.db import DatabaseError, OperationalError, connection, connections, transaction
+from django.test import override_settings
+
+import locks
+from locks.backends import for_connection
+from locks.conf import conf
+from locks.models import Lock
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def short_lock_waits(backend: str) -> None:
+    """Make the app's own connection give up waiting for a lock after half a second."""
+    own = locks.connection.get(conf.DATABASE)
+    own.ensure_connection()
+    with own.cursor() as cursor:
+        if backend == "sqlite":
+            cursor.execute("PRAGMA busy_timeout = 500")
+        elif backend == "mariadb":
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+
+
+def hold_write_lock(seconds: float, backend: str) -> threading.Thread:
+    ready = threading.Event()
+
+    def block() -> None:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                if backend == "sqlite":
+                    cursor.execute("UPDATE locks_lock SET note = note")
+                else:
+                    cursor.execute("SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", ["x"])
+            ready.set()
+            time.sleep(seconds)
+        connections.close_all()
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    assert ready.wait(10)
+    return thread
+
+
+def test_busy_and_lock_wait_timeouts_are_retried_until_the_write_goes_through(
+    backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    if backend == "postgresql":
+        pytest.skip("PostgreSQL lock statements wait for row locks without a timeout")
+    expired = locks.acquire("x", ttl=0.05, holder="old")
+    time.sleep(0.1)
+    short_lock_waits(backend)
+    caplog.set_level(logging.DEBUG, logger="locks")
+    thread = hold_write_lock(2.5, backend)
+    lease = locks.acquire("x", timeout=0, holder="new")
+    thread.join()
+    assert lease.token > expired.token
+    assert any("transient error, retrying" in r.getMessage() for r in caplog.records)
+
+
+@override_settings(LOCKS={"TRANSIENT_RETRIES": 1, "BACKOFF_MIN": 0.01, "BACKOFF_MAX": 0.02})
+def test_retries_are_bounded_and_the_error_names_the_lock(backend: str) -> None:
+    if backend == "postgresql":
+        pytest.skip("PostgreSQL lock statements wait for row locks without a timeout")
+    locks.acquire("x", ttl=0.05, holder="old")
+    time.sleep(0.1)
+    short_lock_waits(backend)
+    thread = hold_write_lock(6, backend)
+    with pytest.raises(OperationalError) as raised:
+        locks.acquire("x", timeout=0, holder="new")
+    thread.join()
+    assert "while trying to acquire lock 'x'" in "".join(raised.value.__notes__)
+    assert Lock.objects.get(name="x").holder == "old"
+
+
+def test_transient_errors_are_told_apart_from_others(backend: str) -> None:
+    """Real errors from the server under test: a lock timeout or busy file, and a typo."""
+    backend_sql = for_connection(connection)
+    with pytest.raises(DatabaseError) as typo, connection.cursor() as cursor:
+        cursor.execute("SELEKT 1")
+    assert not backend_sql.is_transient(typo.value)
+    if backend == "postgresql":
+        # A real deadlock between two sessions.
+        first, second = connection, connections.create_connection("default")
+        try:
+            with first.cursor() as c:
+                c.execute("CREATE TABLE IF NOT EXISTS dl (id int primary key)")
+                c.execute("INSERT INTO dl VALUES (1), (2) ON CONFLICT DO NOTHING")
+            error: list[BaseException] = []
+
+            # Two explicit transactions lock rows in opposite order.
+            first.set_autocommit(False)
+            second.set_autocommit(False)
+            with first.cursor() as c:
+                c.execute("UPDATE dl SET id = id WHERE id = 1")
+            with second.cursor() as c:
+                c.execute("UPDATE dl SET id = id WHERE id = 2")
+
+            def second_waits() -> None:
+                try:
+                    with second.cursor() as c:
+                        c.execute("UPDATE dl SET id = id WHERE id = 1")
+                except DatabaseError as exc:
+                    error.append(exc)
+
+            second.inc_thread_sharing()
+            thread = threading.Thread(target=second_waits)
+            thread.start()
+            time.sleep(0.3)
+            try:
+                with first.cursor() as c:
+                    c.execute("UPDATE dl SET id = id WHERE id = 2")
+            except DatabaseError as exc:
+                error.append(exc)
+            thread.join()
+            assert len(error) == 1 and backend_sql.is_transient(error[0])
+        finally:
+            for conn in (first, second):
+                conn.rollback()
+                conn.set_autocommit(True)
+            second.dec_thread_sharing()
+            second.close()
+            with first.cursor() as c:
+                c.execute("DROP TABLE dl")
