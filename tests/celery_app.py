@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+EXCHANGE = "locks-tests"
 
 
 def make_app(broker_url: str, queue: str, beat_interval: float | None = None) -> Celery:
@@ -23,10 +25,10 @@ def make_app(broker_url: str, queue: str, beat_interval: float | None = None) ->
     app.conf.update(
         include=["locks.tasks", "tests.celery_tasks"],
         task_default_queue=queue,
-        # RabbitMQ deletes the queue ten minutes after its last use, so test runs leave
-        # no queues behind.
-        task_queues=[Queue(queue, routing_key=queue, expires=600)],
-        task_default_exchange=queue,
+        # One exchange for every test run; RabbitMQ deletes a run's queue ten minutes after
+        # its last use, so test runs leave nothing behind.
+        task_queues=[Queue(queue, Exchange(EXCHANGE), routing_key=queue, expires=600)],
+        task_default_exchange=EXCHANGE,
         task_default_routing_key=queue,
         result_backend=None,
         worker_prefetch_multiplier=1,

@@ -56,7 +56,7 @@ def fail(self: SingletonTask, label: str) -> None:
     base=SingletonTask,
     name="tests.retry_then_fail",
     max_retries=2,
-    default_retry_delay=1,
+    default_retry_delay=2,
 )
 def retry_then_fail(self: SingletonTask, label: str) -> None:
     """Record a run and ask for a retry, until the retries run out."""
@@ -91,11 +91,11 @@ def record_or_raise(self: SingletonTask, report_id: int, gate: str = "") -> None
     bind=True,
     base=SingletonTask,
     name="tests.record_renewed",
-    lock_ttl=1.0,
+    lock_ttl=2.0,
     lock_auto_renew=True,
 )
 def record_renewed(self: SingletonTask, label: str, gate: str) -> None:
-    """Like ``record``, with a 1 s lock that the run keeps renewing."""
+    """Like ``record``, with a 2 s lock that the run keeps renewing."""
     run = _record(self, label)
     _wait_for(gate)
     run.finished = True
