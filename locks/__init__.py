@@ -11,7 +11,14 @@ Example::
 from __future__ import annotations
 
 from .aio import aacquire, alock, atry_acquire
-from .exceptions import ConcurrentUpdate, LockBusy, LockError, LockLost, StaleToken
+from .exceptions import (
+    ConcurrentUpdate,
+    DuplicateTask,
+    LockBusy,
+    LockError,
+    LockLost,
+    StaleToken,
+)
 from .leases import (
     Lease,
     acquire,
@@ -26,6 +33,7 @@ from .rowlocks import lock_rows, row_lock
 
 __all__ = [
     "ConcurrentUpdate",
+    "DuplicateTask",
     "Lease",
     "LockBusy",
     "LockError",

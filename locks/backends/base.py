@@ -234,3 +234,16 @@ class Backend:
     def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
         """The session settings :meth:`bounded_wait` may touch, as they are now."""
         return {}
+
+    def live_holding(self, cursor: CursorWrapper, name: str) -> tuple[str, str] | None:
+        """Holder and note of ``name`` if its lease is live by the database clock."""
+        cursor.execute(
+            f"SELECT holder, note FROM locks_lock WHERE name = %s AND expires_at > {self.NOW}",
+            [name],
+        )
+        row = cursor.fetchone()
+        return None if row is None else (str(row[0]), str(row[1]))
+
+    #: Whether a writer waiting for the database polls (SQLite's busy handler) instead of
+    #: queueing for a lock: a bulk job must then pause between statements to let it in.
+    writers_poll = False

@@ -194,3 +194,6 @@ class SQLiteBackend(Backend):
         with connection.cursor() as cursor:
             cursor.execute("PRAGMA busy_timeout")
             return {"busy_timeout": str(cursor.fetchone()[0])}
+
+    # The busy handler retries with growing sleeps: a waiting writer does not queue.
+    writers_poll = True
