@@ -33,9 +33,9 @@ ADVISORY_NAMESPACE = 0x6C6F636B  # "lock"
 ACQUIRE = f"""
 INSERT INTO locks_lock AS l (name, holder, count, token, acquired_at, expires_at, note)
 VALUES (
-    %(name)s, %(holder)s, 1,
+    CAST(%(name)s AS text), %(holder)s, 1,
     (SELECT nextval('locks_token_seq')
-       FROM pg_advisory_xact_lock({ADVISORY_NAMESPACE}, hashtext(%(name)s))),
+       FROM pg_advisory_xact_lock({ADVISORY_NAMESPACE}, hashtext(CAST(%(name)s AS text)))),
     statement_timestamp(), statement_timestamp() + %(ttl)s, %(note)s)
 ON CONFLICT (name) DO UPDATE SET
     count = CASE WHEN l.expires_at <= statement_timestamp() THEN 1 ELSE l.count + 1 END,
