@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError
 
-from . import connection, validation, watchdog
+from . import connection, validation, waiting, watchdog
 from .backends import Backend, Released, for_connection
 from .conf import conf
 from .exceptions import LockBusy, LockError, LockLost
@@ -117,19 +117,53 @@ class _Request:
         return lease
 
     def wait(self, timeout: float | None) -> Lease:
+        lease = self.attempt()
+        if lease is not None:
+            return lease
+        if timeout == 0:
+            raise LockBusy(f"lock {self.name!r} is held by another holder")
         deadline = None if timeout is None else time.monotonic() + timeout
+        backend = for_connection(connection.get(self.using))
+        if backend.supports_notify and conf.NOTIFY:
+            listener = waiting.listener(self.using)
+            woken = listener.subscribe(self.name)
+            try:
+                return self._wait_for(deadline, timeout, backend, woken)
+            finally:
+                listener.unsubscribe(self.name, woken)
+        return self._wait_for(deadline, timeout, backend, None)
+
+    def _wait_for(
+        self,
+        deadline: float | None,
+        timeout: float | None,
+        backend: Backend,
+        woken: threading.Event | None,
+    ) -> Lease:
         for attempt in itertools.count():
+            pause = _backoff(attempt)
+            if woken is not None:
+                # Flag the row so its release notifies us, and never sleep past its expiry.
+                left = _execute(
+                    self.using, "wait for", self.name,
+                    lambda b, cursor: b.mark_waiting(cursor, self.name),
+                )  # fmt: skip
+                pause = 0 if left is None else min(pause, left + 0.001)
+            now = time.monotonic()
+            if deadline is not None:
+                if now >= deadline:
+                    raise LockBusy(
+                        f"lock {self.name!r} is held by another holder; gave up after {timeout:g} s"
+                    )
+                pause = min(pause, deadline - now)
+            if woken is not None:
+                woken.wait(pause)
+                woken.clear()
+            else:
+                time.sleep(pause)
             lease = self.attempt()
             if lease is not None:
                 return lease
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                raise LockBusy(
-                    f"lock {self.name!r} is held by another holder"
-                    + (f"; gave up after {timeout:g} s" if timeout else "")
-                )
-            pause = _backoff(attempt)
-            time.sleep(pause if deadline is None else min(pause, deadline - now))
         raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -290,6 +324,32 @@ class Lease:
         if outcome is Released.MISSING:
             raise self._lost_error("it was taken over, broken or reaped")
         logger.debug("released %r (token %s)", self.name, self.token)
+
+    async def arenew(self, ttl: float | timedelta | None = None) -> None:
+        """:meth:`renew` for asyncio code: runs in a worker thread, off the event loop.
+
+        Example::
+
+            await lease.arenew()
+        """
+        from .aio import run_sync
+
+        await run_sync(self.renew, ttl)
+
+    async def arelease(self, *, entirely: bool = False) -> None:
+        """:meth:`release` for asyncio code: runs in a worker thread, off the event loop.
+
+        Example::
+
+            lease = await locks.aacquire("orders:42")
+            try:
+                ...
+            finally:
+                await lease.arelease()
+        """
+        from .aio import run_sync
+
+        await run_sync(self.release, entirely=entirely)
 
     def _release_statements(
         self, backend: Backend, cursor: CursorWrapper, entirely: bool
@@ -464,22 +524,33 @@ def check_token(name: str, token: int, *, using: str | None = None) -> bool:
     )
 
 
-def break_lock(name: str, *, using: str | None = None) -> bool:
+def break_lock(name: str, *, using: str | None = None, token: int | None = None) -> bool:
     """Delete the lock row of ``name`` whoever holds it; True if a row went.
 
     The holder learns of it as ``LockLost`` on its next renew or release, and the next
-    holder's token is greater than the broken one's.
+    holder's token is greater than the broken one's. With ``token``, only that holding is
+    broken: a lock re-acquired since the caller looked (new token) is left alone.
 
     Example::
 
         locks.break_lock("orders:42")
+        locks.break_lock("orders:42", token=shown.token)  # only the holding that was shown
     """
     name = validation.check_name(name)
-    broken = _execute(
-        _alias(using), "break", name, lambda backend, cursor: backend.break_lock(cursor, name)
-    )
+    if token is None:
+        broken = _execute(
+            _alias(using), "break", name, lambda backend, cursor: backend.break_lock(cursor, name)
+        )
+    else:
+        shown = validation.check_token(token)
+        broken = _execute(
+            _alias(using),
+            "break",
+            name,
+            lambda backend, cursor: backend.break_holding(cursor, name, shown),
+        )
     if broken:
-        logger.warning("broke lock %r", name)
+        logger.warning("broke lock %r%s", name, "" if token is None else f" (token {token})")
     return broken
 
 

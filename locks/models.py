@@ -1,4 +1,4 @@
-"""Models of the locks app: the ``Lock`` row of a lease."""
+"""Models of the locks app: the ``Lock`` row of a lease, the ``RowLock`` row of a row lock."""
 
 from __future__ import annotations
 
@@ -70,6 +70,9 @@ class Lock(models.Model):
     acquired_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
     note = models.CharField(max_length=255, blank=True, default="")
+    waiting = models.BooleanField(
+        default=False, db_default=False, help_text="a blocked acquire asked to be notified"
+    )
 
     objects = LockQuerySet.as_manager()
 
@@ -80,3 +83,34 @@ class Lock(models.Model):
 
     def __str__(self) -> str:
         return str(self.name)
+
+
+class RowLock(models.Model):
+    """One row per name used with :func:`locks.row_lock`; its transaction locks the row.
+
+    Kept apart from lease rows, so row locks and leases never get in each other's way.
+    Created on first use; a row nobody holds may be deleted at any time (the next
+    ``row_lock`` creates it again).
+
+    Example::
+
+        with locks.row_lock("orders:42") as row:
+            assert row.name == "orders:42"
+    """
+
+    name = LockNameField(max_length=255, primary_key=True)
+
+    class Meta:
+        db_table = "locks_rowlock"
+
+    def __str__(self) -> str:
+        return str(self.name)
+
+
+# The abstract models live in their own modules; importing them here is what makes
+# ``from locks.models import FencedModel, VersionedModel`` work.
+from .fencing import FencedModel as FencedModel  # noqa: E402
+from .fencing import FencedQuerySet as FencedQuerySet  # noqa: E402
+from .versioning import VersionedModel as VersionedModel  # noqa: E402
+from .versioning import VersionedQuerySet as VersionedQuerySet  # noqa: E402
+from .versioning import VersionField as VersionField  # noqa: E402

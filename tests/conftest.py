@@ -15,6 +15,7 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
 import locks.connection
+import locks.waiting
 from locks.conf import conf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +35,7 @@ def _close_own_connections() -> Iterator[None]:
     # test database that still has sessions.
     yield
     locks.connection.close()
+    locks.waiting.stop_listeners()
 
 
 @pytest.fixture

@@ -31,6 +31,9 @@ def _database(alias: str) -> dict[str, Any]:
                 "init_command": "PRAGMA journal_mode=WAL",
             },
         }
+        if os.environ.get("LOCKS_TEST_SQLITE_DEFERRED"):
+            # Django's default: BEGIN takes no lock, the first write takes the write lock.
+            del settings["OPTIONS"]["transaction_mode"]
     elif BACKEND == "postgresql":
         name = f"test_locks_{CHECKOUT}_{alias}"
         settings = {

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -39,11 +41,19 @@ class Backend:
     """
 
     vendor = ""
+    #: The owner-checked DELETE of a holding's last re-entry (or of an expired one),
+    #: returning whether it was still live; the UPDATE undoing one re-entry; the DELETE
+    #: of one reaper batch.
+    RELEASE_LAST = ""
+    RELEASE_REENTRY = ""
+    REAP = ""
     #: SQL expression for the database server's current time, as stored in the table
     #: (written for a parametrised query: a literal "%" is "%%").
     NOW = ""
     #: Whether row locks (SELECT ... FOR UPDATE) exist on this database.
     has_row_locks = True
+    #: Whether blocked acquires can be woken by the server when a lock is released.
+    supports_notify = False
 
     def acquire(
         self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
@@ -57,17 +67,28 @@ class Backend:
         """Extend a live holding to at least now + ttl; ``None`` if it is not ours or expired."""
         raise NotImplementedError
 
+    def grant(self, row: Sequence[Any] | None) -> Grant | None:
+        """The Grant in a RETURNING row of (token, count, acquired_at, expires_at)."""
+        if row is None:
+            return None
+        return Grant(row[0], row[1], self.to_datetime(row[2]), self.to_datetime(row[3]))
+
     def release_last(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
     ) -> Released:
         """Delete our row if it is the last re-entry, if it expired, or if ``entirely``."""
-        raise NotImplementedError
+        cursor.execute(self.RELEASE_LAST, [name, holder, token, entirely])
+        row = cursor.fetchone()
+        if row is None:
+            return Released.MISSING
+        return Released.DONE if row[0] else Released.EXPIRED
 
     def release_reentry(
         self, cursor: CursorWrapper, name: str, holder: str, token: int
     ) -> Released:
         """Undo one re-entry of a live holding that has more than one."""
-        raise NotImplementedError
+        cursor.execute(self.RELEASE_REENTRY, [name, holder, token])
+        return Released.MISSING if cursor.fetchone() is None else Released.DONE
 
     def is_locked(self, cursor: CursorWrapper, name: str) -> bool:
         cursor.execute(
@@ -86,9 +107,40 @@ class Backend:
         cursor.execute("DELETE FROM locks_lock WHERE name = %s", [name])
         return bool(cursor.rowcount)
 
+    def break_holding(self, cursor: CursorWrapper, name: str, token: int) -> bool:
+        """Delete the row of ``name`` only while it is still the holding with ``token``.
+
+        A token names one holding (one holder, its re-entries): a lock re-acquired since
+        the caller looked has another token and is left alone.
+        """
+        cursor.execute("DELETE FROM locks_lock WHERE name = %s AND token = %s", [name, token])
+        return bool(cursor.rowcount)
+
+    def remaining(self, cursor: CursorWrapper, name: str) -> float | None:
+        """Seconds until the row of ``name`` expires by the database clock; ``None``: no row."""
+        cursor.execute(f"SELECT expires_at, {self.NOW} FROM locks_lock WHERE name = %s", [name])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        return (self.to_datetime(row[0]) - self.to_datetime(row[1])).total_seconds()
+
+    def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
+        """Ask to be notified when ``name`` is released; return the seconds its lease has
+        left, or ``None`` when nobody holds it any more (try again at once)."""
+        raise NotImplementedError
+
+    def listen(self, raw: Any) -> None:
+        """Subscribe a raw driver connection to release notifications."""
+        raise NotImplementedError
+
+    def notifications(self, raw: Any, timeout: float) -> Iterator[str]:
+        """Names released since the last call, waiting at most ``timeout`` seconds."""
+        raise NotImplementedError
+
     def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
         """Delete at most ``batch_size`` expired rows in one statement; return how many."""
-        raise NotImplementedError
+        cursor.execute(self.REAP, [batch_size])
+        return int(cursor.rowcount)
 
     def now(self, cursor: CursorWrapper) -> datetime:
         """The database server's clock."""
@@ -123,3 +175,75 @@ class Backend:
 
     def drop_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
         """Undo :meth:`create_extras`."""
+
+    # --- row locks (``SELECT ... FOR UPDATE``; see locks/rowlocks.py) ----------------------
+
+    #: Whether a missing row-lock row is inserted inside the caller's transaction (where
+    #: the insert itself locks the new row) rather than on the app's own connection.
+    creates_row_in_transaction = False
+
+    def select_row_lock(
+        self, cursor: CursorWrapper, name: str, *, nowait: bool, skip_locked: bool
+    ) -> bool:
+        """Lock the row of ``name`` for the current transaction; False if none was locked.
+
+        False means the row does not exist, or (``skip_locked``) another transaction holds it.
+        """
+        suffix = " NOWAIT" if nowait else " SKIP LOCKED" if skip_locked else ""
+        cursor.execute(f"SELECT name FROM locks_rowlock WHERE name = %s FOR UPDATE{suffix}", [name])
+        return cursor.fetchone() is not None
+
+    def insert_row_lock(self, cursor: CursorWrapper, name: str, *, nowait: bool = False) -> bool:
+        """Create the row of ``name`` unless it exists; True if this statement created it.
+
+        Safe when many sessions create the same row at once. With ``nowait``, a row that
+        another transaction is inserting or holding fails at once (a lock-busy error).
+        """
+        cursor.execute(
+            "INSERT INTO locks_rowlock (name) VALUES (%s) ON CONFLICT (name) DO NOTHING "
+            "RETURNING 1",
+            [name],
+        )
+        return cursor.fetchone() is not None
+
+    def take_write_lock(self, cursor: CursorWrapper) -> None:
+        """Take the database's write lock for the current transaction, writing nothing.
+
+        Only for databases without row locks, where it stands in for them.
+        """
+
+    def bounded_wait(
+        self, connection: BaseDatabaseWrapper, timeout: float | None
+    ) -> AbstractContextManager[None]:
+        """Make lock waits of statements on ``connection`` in this scope end after ``timeout`` s.
+
+        Leaves the session's settings as they were. If the scope raises, the caller must
+        roll back the transaction or savepoint it runs in (a failed lock wait may have
+        aborted it). ``None`` keeps the server's own limit.
+        """
+        return nullcontext()
+
+    def is_lock_busy(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says a lock wait gave up: NOWAIT, a lock timeout, a busy database."""
+        return False
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a deadlock, which rolled back the whole transaction."""
+        return False
+
+    def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
+        """The session settings :meth:`bounded_wait` may touch, as they are now."""
+        return {}
+
+    def live_holding(self, cursor: CursorWrapper, name: str) -> tuple[str, str] | None:
+        """Holder and note of ``name`` if its lease is live by the database clock."""
+        cursor.execute(
+            f"SELECT holder, note FROM locks_lock WHERE name = %s AND expires_at > {self.NOW}",
+            [name],
+        )
+        row = cursor.fetchone()
+        return None if row is None else (str(row[0]), str(row[1]))
+
+    #: Whether a writer waiting for the database polls (SQLite's busy handler) instead of
+    #: queueing for a lock: a bulk job must then pause between statements to let it in.
+    writers_poll = False

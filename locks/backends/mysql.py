@@ -13,12 +13,18 @@ statement back and are retried. MySQL (no SEQUENCE, no RETURNING) is not support
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .base import Backend, Grant, Released
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
     from django.db.backends.utils import CursorWrapper
@@ -66,6 +72,14 @@ REAP = f"DELETE FROM locks_lock WHERE {EXPIRED} ORDER BY expires_at LIMIT %s"
 
 TRANSIENT_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock
 
+# Inside the caller's transaction: a row this inserts is locked by the insert itself.
+INSERT_ROW_LOCK = "INSERT IGNORE INTO locks_rowlock (name) VALUES (%s) RETURNING name"
+# INSERT IGNORE waits for a conflicting row's lock; 0 makes that wait fail at once (1205).
+NO_LOCK_WAIT = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR "
+# Lock wait timeout (also what NOWAIT raises on MariaDB), max_statement_time, MySQL's NOWAIT.
+LOCK_BUSY_CODES = frozenset({1205, 1969, 3572})
+DEADLOCK = 1213
+
 
 def _micros(seconds: float) -> int:
     return round(seconds * 1_000_000)
@@ -74,15 +88,17 @@ def _micros(seconds: float) -> int:
 class MySQLBackend(Backend):
     vendor = "mysql"
     NOW = NOW
+    RELEASE_LAST = RELEASE_LAST
+    RELEASE_REENTRY = RELEASE_REENTRY
+    REAP = REAP
 
     def acquire(
         self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
     ) -> Grant | None:
         cursor.execute(ACQUIRE, [name, holder, name, _micros(ttl), note])
         row = cursor.fetchone()
-        if row is None or row[0] != holder:
-            return None
-        return Grant(row[1], row[2], self.to_datetime(row[3]), self.to_datetime(row[4]))
+        # RETURNING shows the row as the statement left it: ours only if we won.
+        return None if row is None or row[0] != holder else self.grant(row[1:])
 
     def renew(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
@@ -95,24 +111,11 @@ class MySQLBackend(Backend):
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
-    def release_last(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
-    ) -> Released:
-        cursor.execute(RELEASE_LAST, [name, holder, token, entirely])
-        row = cursor.fetchone()
-        if row is None:
-            return Released.MISSING
-        return Released.DONE if row[0] else Released.EXPIRED
-
     def release_reentry(
         self, cursor: CursorWrapper, name: str, holder: str, token: int
     ) -> Released:
         cursor.execute(RELEASE_REENTRY, [name, holder, token])
         return Released.DONE if cursor.rowcount else Released.MISSING
-
-    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
-        cursor.execute(REAP, [batch_size])
-        return int(cursor.rowcount)
 
     def is_transient(self, exc: BaseException) -> bool:
         args: tuple[Any, ...] = exc.args
@@ -137,3 +140,51 @@ class MySQLBackend(Backend):
     def drop_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
         schema_editor.execute("DROP TABLE IF EXISTS locks_stripe")
         schema_editor.execute("DROP SEQUENCE IF EXISTS locks_token_seq")
+
+    creates_row_in_transaction = True
+
+    def insert_row_lock(self, cursor: CursorWrapper, name: str, *, nowait: bool = False) -> bool:
+        cursor.execute((NO_LOCK_WAIT if nowait else "") + INSERT_ROW_LOCK, [name])
+        return cursor.fetchone() is not None
+
+    @contextmanager
+    def _statement_deadline(
+        self, connection: BaseDatabaseWrapper, timeout: float
+    ) -> Iterator[None]:
+        deadline = time.monotonic() + timeout
+
+        def bound(
+            execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+        ) -> Any:
+            # Every statement in the scope gets what is left of one deadline. The lock
+            # wait limit is raised past it, so that max_statement_time decides.
+            left = max(deadline - time.monotonic(), 0.001)
+            prefix = (
+                f"SET STATEMENT max_statement_time = {left:.6f}, "
+                f"innodb_lock_wait_timeout = {math.ceil(left) + 1} FOR "
+            )
+            return execute(prefix + sql, params, many, context)
+
+        with connection.execute_wrapper(bound):
+            yield
+
+    def bounded_wait(
+        self, connection: BaseDatabaseWrapper, timeout: float | None
+    ) -> AbstractContextManager[None]:
+        return nullcontext() if timeout is None else self._statement_deadline(connection, timeout)
+
+    def is_lock_busy(self, exc: BaseException) -> bool:
+        args: tuple[Any, ...] = exc.args
+        return bool(args) and args[0] in LOCK_BUSY_CODES
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        args: tuple[Any, ...] = exc.args
+        return bool(args) and args[0] == DEADLOCK
+
+    def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT @@session.innodb_lock_wait_timeout, @@session.max_statement_time"
+            )
+            wait, statement = cursor.fetchone()
+        return {"innodb_lock_wait_timeout": str(wait), "max_statement_time": str(statement)}

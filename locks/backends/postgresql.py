@@ -6,16 +6,23 @@ drawn under a transaction-scoped advisory lock on the name so that the draw and 
 are ordered together: a token drawn before another holder's whole hold cannot be granted
 after it. ``ON CONFLICT DO UPDATE`` takes a row over only when its ``WHERE`` says so
 (expired, or our own holder), so a lock granted a moment ago is never stolen.
+Row locks bound their wait with ``lock_timeout``, set for the transaction only
+(``SET LOCAL``) and put back as it was right after the lock is taken.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .base import Backend, Grant, Released
+from .base import Backend, Grant
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
     from django.db.backends.utils import CursorWrapper
@@ -26,9 +33,9 @@ ADVISORY_NAMESPACE = 0x6C6F636B  # "lock"
 ACQUIRE = f"""
 INSERT INTO locks_lock AS l (name, holder, count, token, acquired_at, expires_at, note)
 VALUES (
-    %(name)s, %(holder)s, 1,
+    CAST(%(name)s AS text), %(holder)s, 1,
     (SELECT nextval('locks_token_seq')
-       FROM pg_advisory_xact_lock({ADVISORY_NAMESPACE}, hashtext(%(name)s))),
+       FROM pg_advisory_xact_lock({ADVISORY_NAMESPACE}, hashtext(CAST(%(name)s AS text)))),
     statement_timestamp(), statement_timestamp() + %(ttl)s, %(note)s)
 ON CONFLICT (name) DO UPDATE SET
     count = CASE WHEN l.expires_at <= statement_timestamp() THEN 1 ELSE l.count + 1 END,
@@ -37,6 +44,7 @@ ON CONFLICT (name) DO UPDATE SET
     acquired_at = CASE WHEN l.expires_at <= statement_timestamp()
                        THEN EXCLUDED.acquired_at ELSE l.acquired_at END,
     note = CASE WHEN l.expires_at <= statement_timestamp() THEN EXCLUDED.note ELSE l.note END,
+    waiting = l.waiting AND l.expires_at > statement_timestamp(),
     holder = EXCLUDED.holder,
     expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at)
 WHERE l.expires_at <= statement_timestamp() OR l.holder = EXCLUDED.holder
@@ -49,11 +57,28 @@ WHERE name = %s AND holder = %s AND token = %s AND expires_at > statement_timest
 RETURNING expires_at
 """
 
-RELEASE_LAST = """
+# Release notifications: NOTIFY serialises the commits of notifying transactions, so only
+# a release that a blocked acquire asked for (``waiting``) sends one.
+CHANNEL = "locks_released"
+NOTIFY_IF_WAITING = f"CASE WHEN waiting THEN pg_notify('{CHANNEL}', name) END"
+
+RELEASE_LAST = f"""
 DELETE FROM locks_lock
 WHERE name = %s AND holder = %s AND token = %s
   AND (count = 1 OR expires_at <= statement_timestamp() OR %s)
-RETURNING expires_at > statement_timestamp()
+RETURNING expires_at > statement_timestamp(), {NOTIFY_IF_WAITING}
+"""
+
+BREAK = f"DELETE FROM locks_lock WHERE name = %s RETURNING {NOTIFY_IF_WAITING}"
+
+BREAK_HOLDING = f"""
+DELETE FROM locks_lock WHERE name = %s AND token = %s RETURNING {NOTIFY_IF_WAITING}
+"""
+
+MARK_WAITING = """
+UPDATE locks_lock SET waiting = true
+WHERE name = %s AND expires_at > statement_timestamp()
+RETURNING extract(epoch FROM expires_at - statement_timestamp())
 """
 
 RELEASE_REENTRY = """
@@ -80,10 +105,24 @@ WHERE current_setting('synchronous_commit') = 'off'
 
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 
+# Transaction-scoped (is_local => SET LOCAL), so it also works behind PgBouncer in
+# transaction pooling mode; OFFSET 0 keeps the old value read before the new one is set.
+SET_LOCK_TIMEOUT = """
+SELECT old, set_config('lock_timeout', %s, true)
+FROM (SELECT current_setting('lock_timeout') AS old OFFSET 0) AS previous
+"""
+RESTORE_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
+LOCK_NOT_AVAILABLE = "55P03"  # NOWAIT, or lock_timeout ran out
+DEADLOCK = "40P01"
+
 
 class PostgreSQLBackend(Backend):
     vendor = "postgresql"
     NOW = "statement_timestamp()"
+    RELEASE_LAST = RELEASE_LAST
+    RELEASE_REENTRY = RELEASE_REENTRY
+    REAP = REAP
+    supports_notify = True
 
     def acquire(
         self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
@@ -95,10 +134,7 @@ class PostgreSQLBackend(Backend):
             "note": note,
         }
         cursor.execute(ACQUIRE, params)
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        return Grant(row[0], row[1], self.to_datetime(row[2]), self.to_datetime(row[3]))
+        return self.grant(cursor.fetchone())
 
     def renew(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
@@ -108,24 +144,25 @@ class PostgreSQLBackend(Backend):
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
-    def release_last(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
-    ) -> Released:
-        cursor.execute(RELEASE_LAST, [name, holder, token, entirely])
+    def break_lock(self, cursor: CursorWrapper, name: str) -> bool:
+        cursor.execute(BREAK, [name])
+        return cursor.fetchone() is not None
+
+    def break_holding(self, cursor: CursorWrapper, name: str, token: int) -> bool:
+        cursor.execute(BREAK_HOLDING, [name, token])
+        return cursor.fetchone() is not None
+
+    def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
+        cursor.execute(MARK_WAITING, [name])
         row = cursor.fetchone()
-        if row is None:
-            return Released.MISSING
-        return Released.DONE if row[0] else Released.EXPIRED
+        return None if row is None else float(row[0])
 
-    def release_reentry(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int
-    ) -> Released:
-        cursor.execute(RELEASE_REENTRY, [name, holder, token])
-        return Released.MISSING if cursor.fetchone() is None else Released.DONE
+    def listen(self, raw: Any) -> None:
+        raw.execute(f"LISTEN {CHANNEL}")
 
-    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
-        cursor.execute(REAP, [batch_size])
-        return int(cursor.rowcount)
+    def notifications(self, raw: Any, timeout: float) -> Iterator[str]:
+        for notify in raw.notifies(timeout=timeout):
+            yield notify.payload
 
     def is_transient(self, exc: BaseException) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) in TRANSIENT_SQLSTATES
@@ -142,3 +179,32 @@ class PostgreSQLBackend(Backend):
 
     def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
         return {}
+
+    @contextmanager
+    def _lock_timeout(self, connection: BaseDatabaseWrapper, timeout: float) -> Iterator[None]:
+        # lock_timeout counts whole milliseconds and 0 would mean "no limit".
+        milliseconds = max(1, math.ceil(timeout * 1000))
+        with connection.cursor() as cursor:
+            cursor.execute(SET_LOCK_TIMEOUT, [f"{milliseconds}ms"])
+            old = cursor.fetchone()[0]
+        # On an error the transaction is aborted and no statement can run; its rollback
+        # (or the savepoint's) undoes the SET LOCAL.
+        yield
+        with connection.cursor() as cursor:
+            cursor.execute(RESTORE_LOCK_TIMEOUT, [old])
+
+    def bounded_wait(
+        self, connection: BaseDatabaseWrapper, timeout: float | None
+    ) -> AbstractContextManager[None]:
+        return nullcontext() if timeout is None else self._lock_timeout(connection, timeout)
+
+    def is_lock_busy(self, exc: BaseException) -> bool:
+        return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        return getattr(exc.__cause__, "sqlstate", None) == DEADLOCK
+
+    def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            return {"lock_timeout": str(cursor.fetchone()[0])}

@@ -5,21 +5,29 @@ is waited for (the connection's busy timeout) and retried. Its clock ticks in
 milliseconds; times are stored as UTC text in Django's layout with six digits, so they
 compare correctly as text. Tokens come from a one-row high-water table that a trigger
 raises whenever a token is written, so a token is never handed out twice, also after the
-row is deleted. There are no row locks here.
+row is deleted. There are no row locks here: ``row_lock`` and ``lock_rows`` take the
+database's single write lock for the caller's transaction instead, and bound their wait
+with ``PRAGMA busy_timeout``, put back as it was right after.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
 from ..exceptions import LockError
-from .base import Backend, Grant, Released
+from .base import Backend, Grant
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
     from django.db.backends.utils import CursorWrapper
 
@@ -76,6 +84,10 @@ EXTRAS = [
     " BEGIN UPDATE locks_sequence SET value = NEW.token WHERE value < NEW.token; END",
 ]
 
+# Any write statement takes the file's write lock for the transaction, even one that
+# changes no row.
+TAKE_WRITE_LOCK = "UPDATE locks_rowlock SET name = name WHERE 0"
+
 
 def _modifier(ttl: float) -> str:
     return f"+{ttl:.6f} seconds"
@@ -93,6 +105,9 @@ def _same_file(a: str, b: str) -> bool:
 class SQLiteBackend(Backend):
     vendor = "sqlite"
     NOW = NOW
+    RELEASE_LAST = RELEASE_LAST
+    RELEASE_REENTRY = RELEASE_REENTRY
+    REAP = REAP
     has_row_locks = False
 
     def acquire(
@@ -105,10 +120,7 @@ class SQLiteBackend(Backend):
             "note": note,
         }
         cursor.execute(ACQUIRE, params)
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        return Grant(row[0], row[1], self.to_datetime(row[2]), self.to_datetime(row[3]))
+        return self.grant(cursor.fetchone())
 
     def renew(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
@@ -122,25 +134,6 @@ class SQLiteBackend(Backend):
         cursor.execute(RENEW, params)
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
-
-    def release_last(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
-    ) -> Released:
-        cursor.execute(RELEASE_LAST, [name, holder, token, entirely])
-        row = cursor.fetchone()
-        if row is None:
-            return Released.MISSING
-        return Released.DONE if row[0] else Released.EXPIRED
-
-    def release_reentry(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int
-    ) -> Released:
-        cursor.execute(RELEASE_REENTRY, [name, holder, token])
-        return Released.MISSING if cursor.fetchone() is None else Released.DONE
-
-    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
-        cursor.execute(REAP, [batch_size])
-        return int(cursor.rowcount)
 
     def is_transient(self, exc: BaseException) -> bool:
         message = str(exc)
@@ -172,3 +165,35 @@ class SQLiteBackend(Backend):
         schema_editor.execute("DROP TRIGGER IF EXISTS locks_token_on_update")
         schema_editor.execute("DROP TRIGGER IF EXISTS locks_token_on_insert")
         schema_editor.execute("DROP TABLE IF EXISTS locks_sequence")
+
+    def take_write_lock(self, cursor: CursorWrapper) -> None:
+        cursor.execute(TAKE_WRITE_LOCK)
+
+    @contextmanager
+    def _busy_timeout(self, connection: BaseDatabaseWrapper, timeout: float) -> Iterator[None]:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout")
+            old = int(cursor.fetchone()[0])
+            cursor.execute(f"PRAGMA busy_timeout = {math.ceil(timeout * 1000)}")
+        try:
+            yield
+        finally:
+            # A connection setting, not a transactional one: put it back in every case.
+            with connection.cursor() as cursor:
+                cursor.execute(f"PRAGMA busy_timeout = {old}")
+
+    def bounded_wait(
+        self, connection: BaseDatabaseWrapper, timeout: float | None
+    ) -> AbstractContextManager[None]:
+        return nullcontext() if timeout is None else self._busy_timeout(connection, timeout)
+
+    def is_lock_busy(self, exc: BaseException) -> bool:
+        return self.is_transient(exc)
+
+    def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout")
+            return {"busy_timeout": str(cursor.fetchone()[0])}
+
+    # The busy handler retries with growing sleeps: a waiting writer does not queue.
+    writers_poll = True

@@ -46,6 +46,14 @@ class Migration(migrations.Migration):
                 ("acquired_at", models.DateTimeField()),
                 ("expires_at", models.DateTimeField(db_index=True)),
                 ("note", models.CharField(blank=True, default="", max_length=255)),
+                (
+                    "waiting",
+                    models.BooleanField(
+                        db_default=False,
+                        default=False,
+                        help_text="a blocked acquire asked to be notified",
+                    ),
+                ),
             ],
             options={
                 "db_table": "locks_lock",
@@ -53,6 +61,8 @@ class Migration(migrations.Migration):
                 "permissions": [("break_lock", "Can break locks held by others")],
             },
         ),
-        # Not atomic: MariaDB cannot run DDL inside a transaction.
+        # Not atomic: MariaDB cannot run DDL inside a transaction. On SQLite a later
+        # migration that alters locks_lock rebuilds the table and loses its triggers:
+        # such a migration must run create_extras again (it is idempotent).
         migrations.RunPython(create_extras, drop_extras, atomic=False),
     ]

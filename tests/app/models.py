@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from locks.models import FencedModel, VersionedModel
+
 
 class Counter(models.Model):
     """A counter that workers update with a non-atomic read-modify-write."""
@@ -26,3 +28,46 @@ class Hold(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} by {self.worker} token {self.token}: {self.started}..{self.ended}"
+
+
+class Item(models.Model):
+    """A plain row for ``lock_rows`` tests."""
+
+    name = models.CharField(max_length=100)
+    value = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.value}"
+
+
+class FencedRecord(FencedModel):
+    """Shared state written by lock holders, guarded by fencing tokens."""
+
+    key = models.CharField(max_length=100, unique=True)
+    data = models.CharField(max_length=100, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.data!r} (fence {self.fence})"
+
+
+class VersionedNote(VersionedModel):
+    """A row edited by several people at once, guarded by optimistic versions."""
+
+    title = models.CharField(max_length=100)
+    body = models.TextField(blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"{self.title} (version {self.version})"
+
+
+class CeleryRun(models.Model):
+    """One run of a test Celery task, as the worker saw it."""
+
+    label = models.CharField(max_length=100)
+    task_id = models.CharField(max_length=64)
+    pid = models.IntegerField()
+    retries = models.IntegerField(default=0)
+    finished = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"{self.label} run by task {self.task_id} (pid {self.pid})"

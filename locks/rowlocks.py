@@ -1,0 +1,346 @@
+"""Row locks: ``SELECT ... FOR UPDATE`` on a named row (``row_lock``) or on rows (``lock_rows``)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import time
+from contextlib import ContextDecorator, ExitStack
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import DatabaseError, connections, transaction
+from django.db.models import QuerySet
+from django.db.transaction import TransactionManagementError
+
+from . import validation
+from .backends import Backend, for_connection
+from .conf import conf
+from .exceptions import LockBusy, LockError
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from .models import RowLock
+
+logger = logging.getLogger("locks")
+_R = TypeVar("_R")
+
+# Reading the row again after creating it is enough unless the transaction's snapshot
+# predates the row (REPEATABLE READ / SERIALIZABLE on PostgreSQL).
+_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class _Wait:
+    """How long to wait for a row lock; building one is where bad arguments are refused."""
+
+    nowait: bool
+    skip_locked: bool
+    timeout: float | None
+
+    @classmethod
+    def build(cls, what: str, nowait: Any, skip_locked: Any, timeout: Any) -> _Wait:
+        for value, argument in ((nowait, "nowait"), (skip_locked, "skip_locked")):
+            if not isinstance(value, bool):
+                raise TypeError(f"{what}: {argument} must be True or False, not {value!r}")
+        if nowait and skip_locked:
+            raise ValueError(f"{what}: nowait and skip_locked cannot be used together")
+        seconds = validation.timeout_seconds(timeout)
+        if seconds is not None and (nowait or skip_locked):
+            raise ValueError(
+                f"{what}: timeout cannot be combined with nowait or skip_locked "
+                "(nowait is the same as timeout=0)"
+            )
+        if seconds == 0:
+            # The servers read a zero lock timeout as "no limit".
+            return cls(True, False, None)
+        return cls(nowait, skip_locked, seconds)
+
+    @property
+    def immediate(self) -> bool:
+        """Whether a held lock fails (or is skipped) at once instead of being waited for."""
+        return self.nowait or self.skip_locked
+
+    @property
+    def database_wait(self) -> float | None:
+        """The bound for a database whose one write lock stands in for row locks."""
+        return 0.0 if self.immediate else self.timeout
+
+    def busy(self, what: str, alias: str, backend: Backend) -> LockBusy:
+        scope = "" if backend.has_row_locks else " (SQLite: a row lock is the database write lock)"
+        waited = " (nowait)" if self.nowait else f"; gave up after {self.timeout:g} s"
+        if not self.nowait and self.timeout is None:
+            waited = "; the server's lock wait limit ran out"
+        return LockBusy(
+            f"{what} on database {alias!r} is held by another transaction{scope}{waited}"
+        )
+
+
+def _alias(using: Any) -> str:
+    return conf.DATABASE if using is None else validation.check_alias(using)
+
+
+def _exit(atomic: transaction.Atomic, failing: bool) -> None:
+    """Leave the transaction (or savepoint) ``atomic`` opened: roll back if ``failing``."""
+    if failing:
+        atomic.__exit__(*sys.exc_info())
+    else:
+        atomic.__exit__(None, None, None)
+
+
+def _select_or_create(
+    connection: BaseDatabaseWrapper, backend: Backend, alias: str, name: str, wait: _Wait
+) -> bool:
+    """Lock the row of ``name`` in the open transaction, creating the row if needed."""
+    from .leases import _execute
+
+    with connection.cursor() as cursor:
+        for _ in range(_ATTEMPTS):
+            if backend.select_row_lock(
+                cursor, name, nowait=wait.nowait, skip_locked=wait.skip_locked
+            ):
+                return True
+            if backend.creates_row_in_transaction:
+                try:
+                    if backend.insert_row_lock(cursor, name, nowait=wait.immediate):
+                        return True  # the insert locked the new row for this transaction
+                except DatabaseError as exc:
+                    if wait.skip_locked and backend.is_lock_busy(exc):
+                        return False  # another transaction is creating or holding it
+                    raise
+                continue  # it was created meanwhile: lock it
+            # Created on the app's own autocommit connection, so other sessions see the
+            # row at once and never wait for this transaction to learn that it exists.
+            created = _execute(
+                alias, "create", name, lambda other, own: other.insert_row_lock(own, name)
+            )
+            if not created and wait.skip_locked:
+                return False  # it existed, yet SKIP LOCKED passed it over: it is held
+    raise LockError(
+        f"row lock {name!r} on database {alias!r}: its row exists but this transaction cannot "
+        "see it, because the transaction's snapshot is older than the row (REPEATABLE READ or "
+        "SERIALIZABLE). Use READ COMMITTED, or take the row lock once before such a "
+        "transaction starts so that its row exists."
+    )
+
+
+def _lock_row(
+    connection: BaseDatabaseWrapper, backend: Backend, alias: str, name: str, wait: _Wait
+) -> transaction.Atomic | None:
+    """Open a transaction (or savepoint) holding the row lock; ``None`` if skipped."""
+    atomic = transaction.atomic(using=alias)
+    atomic.__enter__()
+    try:
+        with backend.bounded_wait(connection, wait.timeout):
+            locked = _select_or_create(connection, backend, alias, name, wait)
+    except BaseException:
+        _exit(atomic, failing=True)
+        raise
+    if not locked:
+        _exit(atomic, failing=False)
+        return None
+    return atomic
+
+
+def _lock_database(
+    connection: BaseDatabaseWrapper, backend: Backend, alias: str, name: str, wait: _Wait
+) -> transaction.Atomic | None:
+    """The same where there are no row locks: hold the database's write lock instead."""
+    atomic = transaction.atomic(using=alias)
+    try:
+        with backend.bounded_wait(connection, wait.database_wait):
+            # BEGIN IMMEDIATE takes the write lock here; in a deferred transaction, the
+            # insert below is the first write and takes it.
+            atomic.__enter__()
+            try:
+                with connection.cursor() as cursor:
+                    backend.insert_row_lock(cursor, name)
+            except BaseException:
+                _exit(atomic, failing=True)
+                raise
+    except DatabaseError as exc:
+        if wait.skip_locked and backend.is_lock_busy(exc):
+            return None
+        raise
+    return atomic
+
+
+def _take(name: str, wait: _Wait, alias: str) -> transaction.Atomic | None:
+    """Take the row lock; retry a deadlock when the transaction is ours to start again."""
+    from .leases import _backoff
+
+    connection = connections[alias]
+    backend = for_connection(connection)
+    take = _lock_row if backend.has_row_locks else _lock_database
+    # A deadlock rolls back the whole transaction; only one of our own can simply be retried.
+    retries = 0 if connection.in_atomic_block else conf.TRANSIENT_RETRIES
+    deadline = None if wait.timeout is None else time.monotonic() + wait.timeout
+    requested = wait
+    for attempt in itertools.count():
+        try:
+            return take(connection, backend, alias, name, wait)
+        except DatabaseError as exc:
+            if backend.is_lock_busy(exc):
+                raise requested.busy(f"row lock {name!r}", alias, backend) from exc
+            if backend.is_deadlock(exc) and attempt < retries:
+                # Sessions creating the same new row at once can deadlock on MariaDB.
+                logger.debug("row lock %r: deadlock, retrying: %s", name, exc)
+                time.sleep(_backoff(attempt))
+                if deadline is not None:
+                    wait = replace(wait, timeout=max(deadline - time.monotonic(), 0.001))
+                continue
+            exc.add_note(f"locks: while taking row lock {name!r} on database {alias!r}")
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class RowLockContext(ContextDecorator):
+    """What :func:`row_lock` returns: a context manager (and decorator) holding a row lock.
+
+    Example::
+
+        with locks.row_lock("orders:42", nowait=True) as row:
+            ...
+    """
+
+    def __init__(self, name: str, wait: _Wait, using: str) -> None:
+        self.name = name
+        self.using = using
+        self._wait = wait
+        self._atomic: transaction.Atomic | None = None
+
+    def _recreate_cm(self) -> RowLockContext:
+        # Used as a decorator, each call gets its own transaction.
+        return RowLockContext(self.name, self._wait, self.using)
+
+    def __enter__(self) -> RowLock | None:
+        from .models import RowLock
+
+        if self._atomic is not None:
+            raise LockError(f"row lock {self.name!r} is already held by this context manager")
+        self._atomic = _take(self.name, self._wait, self.using)
+        if self._atomic is None:
+            logger.debug("row lock %r is held elsewhere: skipped", self.name)
+            return None
+        logger.debug("took row lock %r on database %r", self.name, self.using)
+        return RowLock.from_db(self.using, ["name"], [self.name])
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        atomic, self._atomic = self._atomic, None
+        if atomic is not None:
+            atomic.__exit__(exc_type, exc, tb)
+            logger.debug("released row lock %r", self.name)
+
+
+def row_lock(
+    name: str,
+    *,
+    nowait: bool = False,
+    skip_locked: bool = False,
+    timeout: float | None = None,
+    using: str | None = None,
+) -> RowLockContext:
+    """Hold an exclusive row lock on ``name`` for a ``with`` block, in a transaction.
+
+    Opens ``transaction.atomic(using=...)`` on Django's connection to the locks database
+    (``LOCKS["DATABASE"]``), makes sure a row for ``name`` exists and takes ``SELECT ...
+    FOR UPDATE`` on it. Writes made in the block on that database commit or roll back
+    together with it. The lock ends with the transaction: when the block ends, or, in an
+    outer ``atomic`` block (where this is a savepoint), when the outer transaction ends;
+    and when the client dies. The block gets the locked ``RowLock`` row.
+
+    ``nowait=True`` raises ``LockBusy`` at once if another transaction holds it;
+    ``timeout=s`` waits at most ``s`` seconds, then raises ``LockBusy``; ``skip_locked=True``
+    does not wait either but runs the block with ``None`` (and no transaction of its own),
+    as ``select_for_update(skip_locked=True)`` returns no rows. Without these, it waits as
+    long as the server allows. On SQLite, which has no row locks, the lock is the whole
+    database's write lock. Arguments are checked here, before any query.
+
+    Example::
+
+        with locks.row_lock("orders:42", timeout=5):
+            order = Order.objects.get(pk=42)
+            order.state = "shipped"
+            order.save()
+
+        with locks.row_lock("reports:nightly", skip_locked=True) as row:
+            if row is None:
+                return  # another worker has it
+            build_report()
+    """
+    name = validation.check_name(name)
+    wait = _Wait.build(f"row lock {name!r}", nowait, skip_locked, timeout)
+    return RowLockContext(name, wait, _alias(using))
+
+
+def lock_rows(
+    queryset: QuerySet[Any, _R],
+    *,
+    nowait: bool = False,
+    skip_locked: bool = False,
+    timeout: float | None = None,
+) -> list[_R]:
+    """Lock the rows of ``queryset`` with ``SELECT ... FOR UPDATE``; return them.
+
+    Must run inside ``transaction.atomic()`` on the queryset's database: the locks last
+    until that transaction ends. ``nowait``, ``timeout`` and ``skip_locked`` work as in
+    :func:`row_lock`; ``skip_locked`` leaves out the rows other transactions hold. A
+    ``LockBusy`` leaves the transaction usable (the attempt runs in a savepoint). On
+    SQLite the database's write lock stands in for the row locks.
+
+    Example::
+
+        with transaction.atomic():
+            (order,) = locks.lock_rows(Order.objects.filter(pk=42), timeout=5)
+            order.state = "paid"
+            order.save()
+    """
+    if not isinstance(queryset, QuerySet):
+        raise TypeError(f"lock_rows() needs a QuerySet, not {type(queryset).__name__}")
+    what = f"row locks on {queryset.model._meta.label} rows"
+    wait = _Wait.build(what, nowait, skip_locked, timeout)
+    locking = queryset.select_for_update(nowait=wait.nowait, skip_locked=wait.skip_locked)
+    alias = locking.db
+    connection = connections[alias]
+    if not connection.in_atomic_block:
+        raise TransactionManagementError(
+            f"{what}: lock_rows() must run inside transaction.atomic(using={alias!r}); "
+            "row locks last until the transaction ends"
+        )
+    backend = for_connection(connection)
+    try:
+        with ExitStack() as scope:
+            if wait.nowait or wait.timeout is not None:
+                # A failed lock wait aborts a PostgreSQL transaction; keep the caller's.
+                scope.enter_context(transaction.atomic(using=alias))
+            if backend.has_row_locks:
+                scope.enter_context(backend.bounded_wait(connection, wait.timeout))
+                return list(locking)
+            if not _take_write_lock(connection, backend, wait):
+                return []
+            return list(locking)
+    except DatabaseError as exc:
+        if backend.is_lock_busy(exc):
+            raise wait.busy(what, alias, backend) from exc
+        raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _take_write_lock(connection: BaseDatabaseWrapper, backend: Backend, wait: _Wait) -> bool:
+    """Take the database's write lock for :func:`lock_rows`; False if skipped as busy."""
+    try:
+        with backend.bounded_wait(connection, wait.database_wait), connection.cursor() as cursor:
+            backend.take_write_lock(cursor)
+    except DatabaseError as exc:
+        if wait.skip_locked and backend.is_lock_busy(exc):
+            return False
+        raise
+    return True

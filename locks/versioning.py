@@ -1,0 +1,142 @@
+"""Optimistic versions: ``VersionedModel`` refuses a save based on an outdated copy of its row."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from typing import Any, TypeVar, cast
+
+from django import forms
+from django.db import models
+from django.db.models import F, Field
+
+from .exceptions import ConcurrentUpdate
+
+_V = TypeVar("_V", bound=models.Model)
+
+VERSION = "version"
+
+
+class VersionField(models.PositiveBigIntegerField):  # type: ignore[type-arg]
+    """The ``version`` column of a :class:`VersionedModel`; a hidden input in model forms.
+
+    So the version a user started from travels with every ModelForm (and admin) edit.
+
+    Example::
+
+        version = VersionField()
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("default", 1)
+        kwargs.setdefault(
+            "help_text", "incremented by every save; a save based on an older one fails"
+        )
+        super().__init__(*args, **kwargs)
+
+    def formfield(
+        self,
+        form_class: type[forms.Field] | None = None,
+        choices_form_class: type[forms.ChoiceField] | None = None,
+        **kwargs: Any,
+    ) -> forms.Field | None:
+        kwargs.setdefault("widget", forms.HiddenInput)
+        return super().formfield(form_class, choices_form_class, **kwargs)
+
+
+class VersionedQuerySet(models.QuerySet[_V]):
+    """Queries over a :class:`VersionedModel`: ``update()`` increments the version too.
+
+    So a bulk update also refuses the saves of copies loaded before it.
+
+    Example::
+
+        class Document(VersionedModel):
+            objects = VersionedQuerySet.as_manager()  # what VersionedModel sets already
+    """
+
+    def update(self, **kwargs: Any) -> int:
+        """Update the rows and increment their ``version`` (unless ``version`` is given).
+
+        Example::
+
+            Document.objects.filter(state="draft").update(state="review")
+        """
+        kwargs.setdefault(VERSION, F(VERSION) + 1)
+        return super().update(**kwargs)
+
+
+class VersionedModel(models.Model):
+    """Abstract model with optimistic versions: a save never overwrites a newer row.
+
+    ``save()`` of an existing row is one ``UPDATE ... SET ..., version = v + 1 WHERE pk =
+    ... AND version = v``, where ``v`` is the version this copy was loaded with. If the
+    row changed since (or was deleted), it raises ``ConcurrentUpdate`` and nothing is
+    written; ``refresh_from_db()`` loads the current row and version.
+
+    Example::
+
+        class Document(VersionedModel):
+            body = models.TextField()
+
+        doc = Document.objects.get(pk=1)
+        doc.body += "more"
+        try:
+            doc.save()
+        except locks.ConcurrentUpdate:
+            doc.refresh_from_db()  # someone else saved first: look again, then retry
+    """
+
+    version = VersionField()
+
+    objects = VersionedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save, incrementing ``version``; ``ConcurrentUpdate`` if the row changed meanwhile.
+
+        Example::
+
+            doc.save(update_fields=["body"])  # the version is checked and written as well
+        """
+        update_fields: Iterable[str] | None = kwargs.get("update_fields")
+        if update_fields is not None:
+            kwargs["update_fields"] = {*update_fields, VERSION}
+        super().save(*args, **kwargs)
+
+    def _do_update(
+        self,
+        base_qs: models.QuerySet[Any],
+        using: str | None,
+        pk_val: Any,
+        values: Collection[tuple[Field[Any, Any], type[models.Model] | None, Any]],
+        update_fields: Iterable[str] | None,
+        forced_update: bool,
+    ) -> bool:
+        if not any(field.attname == VERSION for field, _, _ in values):
+            # Another table of a multi-table inheritance chain: the version is not there.
+            return super()._do_update(base_qs, using, pk_val, values, update_fields, forced_update)
+        expected = self.version
+        bumped = [
+            (field, model, expected + 1 if field.attname == VERSION else value)
+            for field, model, value in values
+        ]
+        row = base_qs.filter(pk=pk_val)
+        if cast(Any, row.filter(version=expected))._update(bumped) > 0:
+            self.version = expected + 1
+            return True
+        current = row.values_list(VERSION, flat=True).first()
+        if current is None and self._state.adding:
+            return False  # a new object whose row does not exist yet: Django inserts it
+        label = self._meta.label
+        if current is None:
+            raise ConcurrentUpdate(
+                f"{label} pk={pk_val!r} was deleted after this copy was loaded "
+                f"(version {expected}); nothing was written"
+            )
+        raise ConcurrentUpdate(
+            f"{label} pk={pk_val!r} was changed by someone else: this copy is based on "
+            f"version {expected}, the row is at version {current}; nothing was written. "
+            "Load it again (refresh_from_db) and redo the change."
+        )

@@ -1,0 +1,156 @@
+"""How a blocked acquire waits: woken by the server on release where it can, else backoff.
+
+On PostgreSQL one daemon thread per process and alias LISTENs on one connection and wakes
+the waiters of the released name; a waiter flags the row (``waiting``) after a failed
+attempt so that the release sends a notification. Every wait is also bounded (backoff,
+and never past the holder's expiry), so a lost notification, a listener that cannot
+connect, or PgBouncer in transaction pooling mode (which drops LISTEN) only cost latency.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django.db import connections
+
+from .backends import for_connection
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+logger = logging.getLogger("locks.waiting")
+
+#: A listener with no waiters hangs up after this many seconds.
+IDLE_SECONDS = 10.0
+
+
+class Listener:
+    """One LISTEN connection of this process for one database alias."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._mutex = threading.Lock()
+        self._waiters: dict[str, set[threading.Event]] = {}
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def subscribe(self, name: str) -> threading.Event:
+        """Return an event set whenever ``name`` is released (or notifications were lost)."""
+        event = threading.Event()
+        with self._mutex:
+            self._waiters.setdefault(name, set()).add(event)
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(
+                    target=self._run, name=f"locks-listener-{self.alias}", daemon=True
+                )
+                self._thread.start()
+        # The flag a waiter sets next only helps once LISTEN runs; if it cannot, the
+        # bounded waits take over.
+        self._ready.wait(1.0)
+        return event
+
+    def unsubscribe(self, name: str, event: threading.Event) -> None:
+        with self._mutex:
+            events = self._waiters.get(name)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiters[name]
+
+    def stop(self) -> None:
+        """Hang up and end the thread (tests, shutdown)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5)
+
+    def _wake(self, name: str | None) -> None:
+        with self._mutex:
+            events = (
+                [e for group in self._waiters.values() for e in group]
+                if name is None
+                else list(self._waiters.get(name, ()))
+            )
+        for event in events:
+            event.set()
+
+    def _run(self) -> None:
+        idle_since = time.monotonic()
+        while not self._stop.is_set():
+            wrapper = connections.create_connection(self.alias)
+            try:
+                self._listen(wrapper)
+                # Releases may have gone unnoticed while there was no LISTEN.
+                self._wake(None)
+                idle_since = self._serve(wrapper, idle_since)
+                return
+            except Exception as exc:
+                logger.warning("release notifications on %r unavailable: %s", self.alias, exc)
+                self._stop.wait(1.0)
+            finally:
+                self._ready.clear()
+                wrapper.close()
+
+    def _listen(self, wrapper: BaseDatabaseWrapper) -> None:
+        wrapper.ensure_connection()
+        for_connection(wrapper).listen(wrapper.connection)
+        self._ready.set()
+
+    def _serve(self, wrapper: BaseDatabaseWrapper, idle_since: float) -> float:
+        backend = for_connection(wrapper)
+        while not self._stop.is_set():
+            for name in backend.notifications(wrapper.connection, 0.5):
+                self._wake(name)
+            with self._mutex:
+                if self._waiters:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > IDLE_SECONDS:
+                    self._thread = None
+                    return idle_since
+        return idle_since
+
+
+_listeners: dict[str, Listener] = {}
+_listeners_mutex = threading.Lock()
+
+
+def listener(alias: str) -> Listener:
+    """This process's listener for ``alias``.
+
+    Example::
+
+        event = listener("default").subscribe("orders:42")
+    """
+    with _listeners_mutex:
+        found = _listeners.get(alias)
+        if found is None:
+            found = _listeners[alias] = Listener(alias)
+        return found
+
+
+def stop_listeners() -> None:
+    """Hang up every listener of this process (for example before its database is dropped).
+
+    Example::
+
+        locks.waiting.stop_listeners()
+    """
+    with _listeners_mutex:
+        found = list(_listeners.values())
+        _listeners.clear()
+    for each in found:
+        each.stop()
+
+
+def _forget_after_fork() -> None:
+    # The parent's listener threads do not exist in the child; their sockets are not ours.
+    _listeners.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

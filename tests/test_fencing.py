@@ -1,0 +1,215 @@
+"""Fencing tokens enforced by ``FencedModel``, and the paused holder across OS processes."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+import locks
+from tests.app.models import FencedRecord
+from tests.remote import Remote, remotes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def start() -> Iterator[Callable[..., Remote]]:
+    with remotes() as start:
+        yield start
+
+
+def stored(pk: int) -> tuple[str, int]:
+    record = FencedRecord.objects.get(pk=pk)
+    return record.data, record.fence
+
+
+# --- save(fence=...) -------------------------------------------------------------------------
+
+
+def test_fenced_save_allows_equal_and_greater_tokens_and_refuses_older_ones() -> None:
+    record = FencedRecord.objects.create(key="k")
+    record.data = "five"
+    record.save(fence=5)
+    assert stored(record.pk) == ("five", 5)
+    record.data = "five again"
+    record.save(fence=5)  # the same holder writes many times
+    assert stored(record.pk) == ("five again", 5)
+
+    stale = FencedRecord.objects.get(pk=record.pk)
+    stale.data = "three"
+    with pytest.raises(locks.StaleToken, match=r"token 3 refused.*newer token 5"):
+        stale.save(fence=3)
+    assert stored(record.pk) == ("five again", 5)
+    assert stale.fence == 5, "the copy keeps the fence it had"
+
+    record.data = "seven"
+    record.save(fence=7)
+    assert stored(record.pk) == ("seven", 7)
+
+
+def test_a_fenced_save_is_one_conditional_update() -> None:
+    record = FencedRecord.objects.create(key="k")
+    record.data = "x"
+    with CaptureQueriesContext(connection) as queries:
+        record.save(fence=3)
+    assert len(queries) == 1
+    sql = queries.captured_queries[0]["sql"]
+    assert sql.startswith("UPDATE") and "fence" in sql.split("WHERE", 1)[1]
+
+
+def test_a_fenced_save_inserts_a_row_that_does_not_exist_yet() -> None:
+    FencedRecord(key="new", data="x").save(fence=4)
+    FencedRecord(pk=999, key="explicit", data="y").save(fence=6)
+    assert sorted(FencedRecord.objects.values_list("key", "fence")) == [
+        ("explicit", 6),
+        ("new", 4),
+    ]
+
+
+def test_an_unfenced_save_writes_the_data_but_never_moves_the_fence() -> None:
+    record = FencedRecord.objects.create(key="k")
+    record.save(fence=9)
+    copy = FencedRecord.objects.get(pk=record.pk)
+    copy.fence = 1  # even a copy with a lower fence cannot lower it
+    copy.data = "edited in the admin"
+    copy.save()
+    assert stored(record.pk) == ("edited in the admin", 9)
+    with pytest.raises(locks.StaleToken):
+        copy.save(fence=8)
+
+
+def test_a_fenced_save_with_update_fields_writes_the_fence_too() -> None:
+    record = FencedRecord.objects.create(key="k", data="a")
+    record.data = "b"
+    record.save(fence=3, update_fields=["data"])
+    assert stored(record.pk) == ("b", 3)
+
+
+@pytest.mark.parametrize(
+    ("fence", "error"),
+    [("5", TypeError), (True, TypeError), (1.5, TypeError), (0, ValueError), (-1, ValueError)],
+)
+def test_a_bad_fencing_token_is_refused_before_any_query(
+    fence: Any, error: type[Exception]
+) -> None:
+    record = FencedRecord.objects.create(key="k", data="a")
+    record.data = "b"
+    with CaptureQueriesContext(connection) as queries, pytest.raises(error):
+        record.save(fence=fence)
+    assert len(queries) == 0
+    assert stored(record.pk) == ("a", 0)
+
+
+def test_stale_token_marks_the_outer_transaction_for_rollback_like_any_save_error() -> None:
+    record = FencedRecord.objects.create(key="k")
+    record.save(fence=5)
+    with transaction.atomic():
+        FencedRecord.objects.create(key="doomed")
+        with pytest.raises(locks.StaleToken):
+            record.save(fence=2)
+        assert transaction.get_rollback()
+    assert not FencedRecord.objects.filter(key="doomed").exists()
+
+
+def test_stale_token_in_its_own_savepoint_leaves_the_outer_transaction_usable() -> None:
+    record = FencedRecord.objects.create(key="k")
+    record.save(fence=5)
+    with transaction.atomic():
+        FencedRecord.objects.create(key="other")
+        with pytest.raises(locks.StaleToken), transaction.atomic():
+            record.save(fence=2)  # its own savepoint: the outer transaction carries on
+        FencedRecord.objects.create(key="third")
+    assert FencedRecord.objects.count() == 3
+
+
+# --- fenced_update ---------------------------------------------------------------------------
+
+
+def test_fenced_update_updates_every_row_or_none() -> None:
+    a, b, c = FencedRecord.objects.bulk_create(
+        FencedRecord(key=key, data="new") for key in ("a", "b", "c")
+    )
+    batch = FencedRecord.objects.filter(pk__in=[a.pk, b.pk, c.pk])
+    assert batch.fenced_update(5, data="five") == 3
+    assert FencedRecord.objects.filter(pk=c.pk).fenced_update(9, data="nine") == 1
+    with pytest.raises(locks.StaleToken, match=r"token 7 refused.*newer token 9"):
+        batch.fenced_update(7, data="seven")
+    assert [stored(pk) for pk in (a.pk, b.pk, c.pk)] == [("five", 5), ("five", 5), ("nine", 9)]
+    assert batch.exclude(pk=c.pk).fenced_update(5, data="five again") == 2  # equal token
+    assert [stored(pk) for pk in (a.pk, b.pk)] == [("five again", 5)] * 2
+
+
+def test_a_stale_fenced_update_leaves_the_outer_transaction_usable() -> None:
+    record = FencedRecord.objects.create(key="k")
+    record.save(fence=5)
+    with transaction.atomic():
+        FencedRecord.objects.create(key="kept")
+        with pytest.raises(locks.StaleToken):
+            FencedRecord.objects.all().fenced_update(2, data="stale")
+        FencedRecord.objects.create(key="also kept")
+    assert sorted(FencedRecord.objects.values_list("key", "data")) == [
+        ("also kept", ""),
+        ("k", ""),
+        ("kept", ""),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda qs: qs.fenced_update("5", data="x"), TypeError),
+        (lambda qs: qs.fenced_update(0, data="x"), ValueError),
+        (lambda qs: qs.fenced_update(5, fence=3), TypeError),
+        (lambda qs: qs[:1].fenced_update(5, data="x"), TypeError),
+    ],
+    ids=["str-token", "zero-token", "fence-given", "sliced"],
+)
+def test_fenced_update_refuses_bad_arguments_before_any_query(
+    call: Callable[[Any], Any], error: type[Exception]
+) -> None:
+    record = FencedRecord.objects.create(key="k", data="a")
+    with CaptureQueriesContext(connection) as queries, pytest.raises(error):
+        call(FencedRecord.objects.all())
+    assert len(queries) == 0
+    assert stored(record.pk) == ("a", 0)
+
+
+# --- the paused holder -----------------------------------------------------------------------
+
+
+def test_a_paused_holder_wakes_up_to_stale_token_and_the_newer_holders_data_stands(
+    start: Callable[..., Remote],
+) -> None:
+    record = FencedRecord.objects.create(key="shared", data="initial")
+    a, b = start(), start()
+    # A holds a short lease that its watchdog keeps renewing while A runs.
+    first = a.call("acquire", name="shared", ttl=2.0, auto_renew=True)
+    assert first["ok"], first
+    assert locks.check_token("shared", first["token"])
+    a.kill(signal.SIGSTOP)  # a GC pause, swap, a debugger: A cannot renew now
+    deadline = time.monotonic() + 30
+    while locks.is_locked("shared"):  # past the TTL, by the database clock
+        assert time.monotonic() < deadline, "A's lease never expired"
+        time.sleep(0.1)
+
+    second = b.call("acquire", name="shared", ttl=60)
+    assert second["ok"] and second["token"] > first["token"], (first, second)
+    wrote = b.call("fenced_save", pk=record.pk, data="B", token=second["token"])
+    assert wrote["ok"], wrote
+
+    a.kill(signal.SIGCONT)  # A wakes up believing it still holds the lock
+    checked = a.call("check_token", name="shared", token=first["token"])
+    assert checked["ok"] and checked["live"] is False
+    stale = a.call("fenced_save", pk=record.pk, data="A", token=first["token"])
+    assert not stale["ok"] and stale["error"] == "StaleToken", stale
+
+    assert stored(record.pk) == ("B", second["token"])
+    assert b.call("check_token", name="shared", token=second["token"])["live"] is True
+    assert locks.check_token("shared", second["token"])
+    assert not locks.check_token("shared", first["token"])

@@ -1,0 +1,461 @@
+"""Row locks (``row_lock``, ``lock_rows``) held and contended by separate OS processes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection, connections, transaction
+from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
+
+import locks
+from locks.backends import for_connection
+from locks.conf import conf
+from locks.models import RowLock
+from tests.app.models import Counter, Item
+from tests.remote import Remote, remotes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BACKEND = for_connection(connections[conf.DATABASE])
+NEEDS_ROW_LOCKS = pytest.mark.skipif(
+    not BACKEND.has_row_locks,
+    reason="SQLite has no row locks: a row lock is the database's one write lock, and the "
+    "caller's own transaction (BEGIN IMMEDIATE) waits for it before any lock statement runs",
+)
+# Generous: the machine is shared and may be loaded.
+PROMPTLY = 10.0
+
+
+@pytest.fixture
+def start() -> Iterator[Callable[..., Remote]]:
+    with remotes() as start:
+        yield start
+
+
+def in_transaction() -> bool:
+    """Whether Django's connection is inside an atomic block now."""
+    return connection.in_atomic_block
+
+
+def holding(start: Callable[..., Remote], name: str) -> Remote:
+    """A worker process that holds the row lock ``name`` until told to commit."""
+    remote = start()
+    event = remote.call("hold", name=name)
+    assert event["ok"] and event["locked"], event
+    return remote
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+BAD_ROW_LOCKS: list[tuple[dict[str, Any], type[Exception]]] = [
+    ({"name": ""}, ValueError),
+    ({"name": 42}, TypeError),
+    ({"name": "a\x00b"}, ValueError),
+    ({"name": "x" * 256}, ValueError),
+    ({"name": "n", "nowait": "yes"}, TypeError),
+    ({"name": "n", "skip_locked": 1}, TypeError),
+    ({"name": "n", "nowait": True, "skip_locked": True}, ValueError),
+    ({"name": "n", "timeout": -1}, ValueError),
+    ({"name": "n", "timeout": float("nan")}, ValueError),
+    ({"name": "n", "timeout": "5"}, TypeError),
+    ({"name": "n", "timeout": 1, "nowait": True}, ValueError),
+    ({"name": "n", "timeout": 1, "skip_locked": True}, ValueError),
+    ({"name": "n", "using": "nope"}, ValueError),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error"), BAD_ROW_LOCKS)
+def test_row_lock_refuses_bad_arguments_before_any_query(
+    kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    with CaptureQueriesContext(connection) as queries, pytest.raises(error):
+        locks.row_lock(**kwargs)
+    assert len(queries) == 0
+    assert not in_transaction()
+    assert not RowLock.objects.exists()
+
+
+def test_row_lock_error_messages_name_the_lock() -> None:
+    with pytest.raises(ValueError, match=r"'orders:42'.*nowait and skip_locked"):
+        locks.row_lock("orders:42", nowait=True, skip_locked=True)
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda: locks.lock_rows([1, 2]), TypeError),  # type: ignore[arg-type]
+        (lambda: locks.lock_rows(Item.objects.all(), nowait=True, skip_locked=True), ValueError),
+        (lambda: locks.lock_rows(Item.objects.all(), timeout=-1), ValueError),
+        (lambda: locks.lock_rows(Item.objects.all()), TransactionManagementError),
+    ],
+    ids=["not-a-queryset", "nowait-and-skip-locked", "negative-timeout", "outside-atomic"],
+)
+def test_lock_rows_refuses_bad_arguments_before_any_query(
+    call: Callable[[], Any], error: type[Exception]
+) -> None:
+    Item.objects.create(name="a", value=1)
+    with CaptureQueriesContext(connection) as queries, pytest.raises(error):
+        call()
+    assert len(queries) == 0
+    assert list(Item.objects.values_list("name", "value")) == [("a", 1)]
+
+
+# --- one process -------------------------------------------------------------------------
+
+
+def test_row_lock_creates_its_row_and_holds_a_transaction_for_the_block() -> None:
+    with locks.row_lock("orders:1") as row:
+        assert row is not None
+        assert row.name == "orders:1"
+        assert in_transaction()
+    assert not in_transaction()
+    assert list(RowLock.objects.values_list("name", flat=True)) == ["orders:1"]
+
+
+def test_writes_in_the_block_commit_or_roll_back_with_the_lock() -> None:
+    with locks.row_lock("orders:2"):
+        Item.objects.create(name="kept")
+    with pytest.raises(RuntimeError), locks.row_lock("orders:2"):
+        Item.objects.create(name="dropped")
+        raise RuntimeError("the block fails")
+    assert list(Item.objects.values_list("name", flat=True)) == ["kept"]
+
+
+def test_a_transaction_can_take_its_own_row_lock_again() -> None:
+    with locks.row_lock("orders:16"), locks.row_lock("orders:16", nowait=True) as again:
+        assert again is not None
+
+
+def test_row_lock_works_as_a_decorator() -> None:
+    @locks.row_lock("orders:3")
+    def decorated() -> bool:
+        return in_transaction()
+
+    assert decorated() and decorated()
+    assert not in_transaction()
+
+
+def test_taking_an_existing_row_lock_is_one_statement(
+    own_queries: Callable[[], CaptureQueriesContext],
+) -> None:
+    with locks.row_lock("orders:4"):
+        pass  # creates the row
+    with (
+        own_queries() as own,
+        CaptureQueriesContext(connection) as queries,
+        locks.row_lock("orders:4"),
+    ):
+        pass
+    statements = [q["sql"] for q in queries.captured_queries if "locks_rowlock" in q["sql"]]
+    assert len(statements) == 1, statements
+    assert len(own) == 0
+
+
+# --- several processes ---------------------------------------------------------------------
+
+
+def test_nowait_raises_lock_busy_at_once_while_another_process_holds_it(
+    start: Callable[..., Remote],
+) -> None:
+    holder = holding(start, "orders:5")
+    started = time.monotonic()
+    with pytest.raises(locks.LockBusy, match="'orders:5'"), locks.row_lock("orders:5", nowait=True):
+        pytest.fail("the block must not run")
+    assert time.monotonic() - started < PROMPTLY
+    assert not in_transaction()
+    assert holder.call("commit")["ok"]
+    with locks.row_lock("orders:5", nowait=True) as row:
+        assert row is not None
+
+
+def test_timeout_raises_lock_busy_after_about_the_timeout(start: Callable[..., Remote]) -> None:
+    holding(start, "orders:6")
+    started = time.monotonic()
+    with (
+        pytest.raises(locks.LockBusy, match=r"'orders:6'.*after 0\.5 s"),
+        locks.row_lock("orders:6", timeout=0.5),
+    ):
+        pytest.fail("the block must not run")
+    elapsed = time.monotonic() - started
+    assert 0.45 <= elapsed < PROMPTLY
+
+
+def test_a_waiter_gets_the_row_lock_right_after_the_holder_commits(
+    start: Callable[..., Remote],
+) -> None:
+    holder = holding(start, "orders:7")
+    holder.send("commit", delay=1.0)
+    started = time.monotonic()
+    with locks.row_lock("orders:7"):
+        got_at = time.time()
+    committed = holder.reply()
+    assert committed["ok"]
+    assert time.monotonic() - started >= 0.5, "it must have waited for the holder"
+    assert committed["committing_at"] <= got_at < committed["committing_at"] + PROMPTLY
+
+
+def test_a_killed_holder_frees_the_row_lock(start: Callable[..., Remote]) -> None:
+    holder = holding(start, "orders:8")
+    with pytest.raises(locks.LockBusy), locks.row_lock("orders:8", nowait=True):
+        pass
+    holder.kill()
+    with locks.row_lock("orders:8", timeout=PROMPTLY) as row:
+        assert row is not None
+
+
+def test_skip_locked_runs_the_block_with_none_and_no_transaction(
+    start: Callable[..., Remote],
+) -> None:
+    holder = holding(start, "orders:9")
+    with locks.row_lock("orders:9", skip_locked=True) as row:
+        assert row is None
+        assert not in_transaction()
+    holder.call("commit")
+    other = start()
+    with locks.row_lock("orders:10", skip_locked=True) as row:
+        assert row is not None
+        assert not other.call("hold", name="orders:10", nowait=True)["ok"]
+
+
+def test_a_nested_row_lock_lasts_until_the_outer_transaction_ends(
+    start: Callable[..., Remote],
+) -> None:
+    other = start()
+    with transaction.atomic():
+        with locks.row_lock("orders:11"):
+            pass
+        busy = other.call("hold", name="orders:11", nowait=True)
+        assert not busy["ok"] and busy["error"] == "LockBusy", busy
+    free = other.call("hold", name="orders:11", nowait=True)
+    assert free["ok"] and free["locked"], free
+
+
+def test_a_nested_row_lock_whose_block_fails_is_released_with_its_savepoint(
+    start: Callable[..., Remote],
+) -> None:
+    with locks.row_lock("orders:17"):
+        pass  # the row exists from now on
+    other = start()
+    with transaction.atomic():
+        with pytest.raises(RuntimeError), locks.row_lock("orders:17"):
+            raise RuntimeError("the block fails: its savepoint is rolled back")
+        probe = other.call("hold", name="orders:17", nowait=True)
+        # PostgreSQL and MariaDB drop row locks taken after a savepoint when rolling back
+        # to it; on SQLite the outer transaction holds the write lock anyway.
+        assert probe["ok"] is BACKEND.has_row_locks, probe
+        other.call("commit")
+
+
+@NEEDS_ROW_LOCKS
+def test_lock_busy_in_a_nested_row_lock_leaves_the_outer_transaction_usable(
+    start: Callable[..., Remote],
+) -> None:
+    holding(start, "orders:12")
+    with transaction.atomic():
+        Item.objects.create(name="before")
+        with pytest.raises(locks.LockBusy), locks.row_lock("orders:12", nowait=True):
+            pass
+        with pytest.raises(locks.LockBusy), locks.row_lock("orders:12", timeout=0.2):
+            pass
+        Item.objects.create(name="after")
+    assert sorted(Item.objects.values_list("name", flat=True)) == ["after", "before"]
+
+
+@pytest.mark.skipif(
+    not BACKEND.has_row_locks,
+    reason="SQLite: a row lock is the database's write lock, which every other writer, "
+    "lease statements included, waits for (documented)",
+)
+def test_row_locks_and_leases_of_one_name_do_not_interfere(start: Callable[..., Remote]) -> None:
+    holding(start, "orders:13")
+    lease = locks.try_acquire("orders:13", ttl=5)
+    assert lease is not None
+    lease.release()
+
+
+def test_processes_creating_and_taking_the_same_new_rows_never_overlap(
+    start: Callable[..., Remote],
+) -> None:
+    names = [f"fresh:{i}" for i in range(15)]
+    Counter.objects.bulk_create(Counter(name=name, value=0) for name in names)
+    workers = [start() for _ in range(3)]
+    for worker in workers:  # all three race to create each row, in the same order
+        worker.send("increment_each", names=names)
+    for worker in workers:
+        event = worker.reply()
+        assert event["ok"], event
+    # A second holder at any moment would lose one of the non-atomic increments.
+    assert set(Counter.objects.values_list("value", flat=True)) == {len(workers)}
+    assert RowLock.objects.count() == len(names)
+
+
+@pytest.mark.skipif(
+    not BACKEND.creates_row_in_transaction,
+    reason="only where a new row is inserted inside the caller's transaction (MariaDB) can "
+    "sessions that create it at once deadlock",
+)
+def test_sessions_that_deadlock_creating_one_new_row_both_get_the_lock(
+    start: Callable[..., Remote], tmp_path: Path
+) -> None:
+    gate = tmp_path / "go"
+    late = [start(), start()]
+    for worker in late:  # both found no row and stop right before inserting it
+        worker.send("lock_after_pause", name="new", gate=str(gate))
+        assert worker.reply()["event"] == "paused"
+    first = holding(start, "new")  # inserts the row; not committed yet
+    gate.touch()
+    time.sleep(0.5)  # both inserts now wait for the first; they get shared locks together
+    first.call("commit")
+    for worker in late:  # each then wants the row exclusively: a deadlock, and a retry
+        event = worker.reply()
+        assert event["ok"] and event["locked"], event
+
+
+@pytest.mark.skipif(not BACKEND.has_row_locks, reason="SQLite has no isolation levels")
+def test_a_row_created_after_a_repeatable_read_snapshot(start: Callable[..., Remote]) -> None:
+    other = start()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        Item.objects.count()  # the snapshot is taken here
+        assert other.call("hold", name="late")["ok"]  # creates the row after the snapshot
+        assert other.call("commit")["ok"]
+        if connection.vendor == "postgresql":
+            # Even a locking read cannot see a row newer than the snapshot: a clear error.
+            with pytest.raises(locks.LockError, match="snapshot"), locks.row_lock("late"):
+                pytest.fail("the block must not run")
+            assert Item.objects.count() == 0  # the outer transaction is still usable
+        else:
+            # MariaDB's locking reads see the newest committed row.
+            with locks.row_lock("late") as row:
+                assert row is not None
+
+
+@pytest.mark.skipif(
+    BACKEND.has_row_locks, reason="transaction modes (deferred, immediate) are SQLite's"
+)
+def test_sqlite_row_locks_in_deferred_transactions_wait_for_the_write_lock_too(
+    start: Callable[..., Remote],
+) -> None:
+    holder = holding(start, "a")
+    deferred = start(LOCKS_TEST_SQLITE_DEFERRED="1")
+    assert "transaction_mode" not in deferred.call("options")["options"]
+    busy = deferred.call("hold", name="b", nowait=True)
+    assert not busy["ok"] and busy["error"] == "LockBusy", busy
+    busy = deferred.call("hold", name="b", timeout=0.5)
+    assert not busy["ok"] and busy["error"] == "LockBusy", busy
+    assert 0.45 <= busy["elapsed"] < PROMPTLY
+    skipped = deferred.call("hold", name="b", skip_locked=True)
+    assert skipped["ok"] and not skipped["locked"], skipped
+    holder.send("commit", delay=1.0)
+    got = deferred.call("hold", name="b")
+    assert got["ok"] and got["locked"], got
+    assert got["at"] >= holder.reply()["committing_at"]
+    with pytest.raises(locks.LockBusy), locks.row_lock("c", nowait=True):
+        pass
+
+
+# --- lock_rows -------------------------------------------------------------------------------
+
+
+def test_lock_rows_returns_the_locked_objects_and_holds_them() -> None:
+    items = Item.objects.bulk_create([Item(name="a", value=1), Item(name="b", value=2)])
+    with transaction.atomic():
+        rows = locks.lock_rows(Item.objects.filter(pk__in=[i.pk for i in items]).order_by("pk"))
+        assert [(row.name, row.value) for row in rows] == [("a", 1), ("b", 2)]
+
+
+@NEEDS_ROW_LOCKS
+def test_lock_rows_nowait_timeout_and_skip_locked_against_another_process(
+    start: Callable[..., Remote],
+) -> None:
+    held, free = Item.objects.bulk_create([Item(name="held"), Item(name="free")])
+    holder = start()
+    assert holder.call("hold_rows", pks=[held.pk])["pks"] == [held.pk]
+    both = Item.objects.filter(pk__in=[held.pk, free.pk]).order_by("pk")
+    with transaction.atomic():
+        Item.objects.filter(pk=free.pk).update(value=1)
+        assert [row.pk for row in locks.lock_rows(both, skip_locked=True)] == [free.pk]
+        with pytest.raises(locks.LockBusy, match="Item rows"):
+            locks.lock_rows(both, nowait=True)
+        started = time.monotonic()
+        with pytest.raises(locks.LockBusy):
+            locks.lock_rows(both, timeout=0.5)
+        assert 0.45 <= time.monotonic() - started < PROMPTLY
+        # The failed attempts were rolled back to their savepoints; the rest stands.
+        assert Item.objects.get(pk=free.pk).value == 1
+    holder.send("commit", delay=1.0)
+    with transaction.atomic():
+        assert [row.pk for row in locks.lock_rows(both)] == [held.pk, free.pk]
+        got_at = time.time()
+    assert holder.reply()["committing_at"] <= got_at
+    assert Item.objects.get(pk=free.pk).value == 1
+
+
+def test_lock_rows_keeps_other_processes_out_until_the_transaction_ends(
+    start: Callable[..., Remote],
+) -> None:
+    item = Item.objects.create(name="x")
+    other = start()
+    # Where there are no row locks, the database's write lock keeps every writer out (and a
+    # worker's own transaction could not even begin): probe with a row lock there.
+    probe: dict[str, Any] = {"op": "hold_rows", "pks": [item.pk], "nowait": True}
+    if not BACKEND.has_row_locks:
+        probe = {"op": "hold", "name": "probe", "nowait": True}
+    with transaction.atomic():
+        locks.lock_rows(Item.objects.filter(pk=item.pk))
+        busy = other.call(**probe)
+        assert not busy["ok"] and busy["error"] == "LockBusy", busy
+        other.call("commit")
+    got = other.call(**probe)
+    assert got["ok"], got
+
+
+# --- session settings ----------------------------------------------------------------------
+
+
+def test_lock_wait_settings_do_not_leak_to_the_next_use_of_the_connection(
+    start: Callable[..., Remote],
+) -> None:
+    before = BACKEND.lock_wait_settings(connection)
+    with locks.row_lock("orders:15", timeout=5):
+        # Put back right after the lock was taken, for the rest of the block too.
+        assert BACKEND.lock_wait_settings(connection) == before
+    assert BACKEND.lock_wait_settings(connection) == before
+    holder = holding(start, "orders:14")
+    with pytest.raises(locks.LockBusy), locks.row_lock("orders:14", timeout=0.3):
+        pass
+    assert BACKEND.lock_wait_settings(connection) == before
+    with pytest.raises(locks.LockBusy), locks.row_lock("orders:14", nowait=True):
+        pass
+    assert BACKEND.lock_wait_settings(connection) == before
+    # The next plain wait on this connection is not cut short by a leftover limit.
+    holder.send("commit", delay=1.5)
+    started = time.monotonic()
+    with locks.row_lock("orders:14"):
+        waited = time.monotonic() - started
+    assert holder.reply()["ok"]
+    assert waited >= 1.0
+
+
+@NEEDS_ROW_LOCKS
+def test_lock_rows_timeout_does_not_leak_into_the_rest_of_the_transaction(
+    start: Callable[..., Remote],
+) -> None:
+    before = BACKEND.lock_wait_settings(connection)
+    item = Item.objects.create(name="x")
+    holder = start()
+    holder.call("hold_rows", pks=[item.pk])
+    with transaction.atomic():
+        with pytest.raises(locks.LockBusy):
+            locks.lock_rows(Item.objects.filter(pk=item.pk), timeout=0.3)
+        assert BACKEND.lock_wait_settings(connection) == before
+        free = Item.objects.create(name="free")
+        assert locks.lock_rows(Item.objects.filter(pk=free.pk), timeout=5) == [free]
+        assert BACKEND.lock_wait_settings(connection) == before
+    assert BACKEND.lock_wait_settings(connection) == before

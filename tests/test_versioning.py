@@ -1,0 +1,227 @@
+"""Optimistic versions: ``VersionedModel``, its form and admin, lost updates across processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.models.signals import pre_save
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+import locks
+from locks.forms import STALE_VERSION, VersionedModelForm
+from tests.app.models import VersionedNote
+from tests.remote import Remote, remotes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def start() -> Iterator[Callable[..., Remote]]:
+    with remotes() as start:
+        yield start
+
+
+def stored(pk: int) -> tuple[str, str, int]:
+    note = VersionedNote.objects.get(pk=pk)
+    return note.title, note.body, note.version
+
+
+# --- the model -------------------------------------------------------------------------------
+
+
+def test_each_save_increments_the_version() -> None:
+    note = VersionedNote.objects.create(title="t")
+    assert note.version == 1
+    note.body = "one"
+    note.save()
+    assert note.version == 2
+    assert stored(note.pk) == ("t", "one", 2)
+
+
+def test_a_save_based_on_an_old_version_is_refused_and_writes_nothing() -> None:
+    note = VersionedNote.objects.create(title="t")
+    mine, theirs = VersionedNote.objects.get(pk=note.pk), VersionedNote.objects.get(pk=note.pk)
+    theirs.body = "theirs"
+    theirs.save()
+    mine.title = "mine"
+    with pytest.raises(locks.ConcurrentUpdate, match=r"based on version 1.*at version 2"):
+        mine.save()
+    assert stored(note.pk) == ("t", "theirs", 2)
+    assert mine.version == 1
+    mine.refresh_from_db()  # picks up the current row and version
+    assert (mine.title, mine.version) == ("t", 2)
+    mine.title = "mine"
+    mine.save()
+    assert stored(note.pk) == ("mine", "theirs", 3)
+
+
+def test_a_versioned_save_is_one_conditional_update() -> None:
+    note = VersionedNote.objects.create(title="t")
+    note.body = "x"
+    with CaptureQueriesContext(connection) as queries:
+        note.save()
+    assert len(queries) == 1
+    sql = queries.captured_queries[0]["sql"]
+    assert sql.startswith("UPDATE") and "version" in sql.split("WHERE", 1)[1]
+
+
+def test_saving_a_row_deleted_meanwhile_is_refused_and_does_not_bring_it_back() -> None:
+    note = VersionedNote.objects.create(title="t")
+    VersionedNote.objects.filter(pk=note.pk).delete()
+    note.body = "resurrected?"
+    with pytest.raises(locks.ConcurrentUpdate, match="deleted"):
+        note.save()
+    assert not VersionedNote.objects.exists()
+
+
+def test_update_fields_also_checks_and_writes_the_version() -> None:
+    note = VersionedNote.objects.create(title="t")
+    note.body = "b"
+    note.save(update_fields=["body"])
+    assert stored(note.pk) == ("t", "b", 2)
+
+
+def test_a_bulk_update_increments_the_version_so_older_copies_are_refused() -> None:
+    note = VersionedNote.objects.create(title="t")
+    assert VersionedNote.objects.filter(pk=note.pk).update(title="bulk") == 1
+    assert stored(note.pk) == ("bulk", "", 2)
+    note.body = "stale"
+    with pytest.raises(locks.ConcurrentUpdate):
+        note.save()
+    assert stored(note.pk) == ("bulk", "", 2)
+    copy = VersionedNote.objects.get(pk=note.pk)
+    copy.body = "bulk_update"
+    VersionedNote.objects.bulk_update([copy], ["body"])
+    assert stored(note.pk) == ("bulk", "bulk_update", 3)
+
+
+def test_two_processes_saving_the_same_row_lose_no_update(start: Callable[..., Remote]) -> None:
+    note = VersionedNote.objects.create(title="shared")
+    first, second = start(), start()
+    assert first.call("load", pk=note.pk)["version"] == 1
+    assert second.call("load", pk=note.pk)["version"] == 1
+    first.send("append", pk=note.pk, text="[first]")
+    second.send("append", pk=note.pk, text="[second]")
+    outcomes = {"first": first.reply(), "second": second.reply()}
+
+    winners = [who for who, event in outcomes.items() if event["ok"]]
+    losers = [who for who, event in outcomes.items() if not event["ok"]]
+    assert len(winners) == 1 and len(losers) == 1, outcomes
+    assert outcomes[losers[0]]["error"] == "ConcurrentUpdate"
+    assert stored(note.pk) == ("shared", f"[{winners[0]}]", 2)
+
+    loser = first if losers[0] == "first" else second
+    retried = loser.call("append", pk=note.pk, text=f"[{losers[0]}]", reload=True)
+    assert retried["ok"] and retried["version"] == 3, retried
+    assert stored(note.pk) == ("shared", f"[{winners[0]}][{losers[0]}]", 3)
+
+
+# --- model forms -------------------------------------------------------------------------------
+
+
+class NoteForm(VersionedModelForm):
+    class Meta:
+        model = VersionedNote
+        fields = ["title", "body"]
+
+
+def test_the_form_carries_the_version_in_a_hidden_field() -> None:
+    note = VersionedNote.objects.create(title="t")
+    note.save()
+    html = str(NoteForm(instance=note))
+    assert 'type="hidden" name="version" value="2"' in html
+
+
+def test_a_form_edit_based_on_an_old_version_is_refused_with_a_clear_error() -> None:
+    note = VersionedNote.objects.create(title="t")
+    VersionedNote.objects.filter(pk=note.pk).update(body="theirs")  # now version 2
+    form = NoteForm(
+        {"title": "mine", "body": "", "version": "1"},
+        instance=VersionedNote.objects.get(pk=note.pk),
+    )
+    assert not form.is_valid()
+    assert form.has_error("__all__", STALE_VERSION)
+    assert "changed by someone else" in str(form.non_field_errors())
+    assert stored(note.pk) == ("t", "theirs", 2)
+
+
+def test_a_form_edit_of_the_current_version_saves() -> None:
+    note = VersionedNote.objects.create(title="t")
+    form = NoteForm({"title": "mine", "body": "b", "version": "1"}, instance=note)
+    assert form.is_valid(), form.errors
+    form.save()
+    assert stored(note.pk) == ("mine", "b", 2)
+
+
+def test_a_form_without_a_valid_version_is_refused() -> None:
+    note = VersionedNote.objects.create(title="t")
+    for data in ({"title": "x"}, {"title": "x", "version": "v1"}, {"title": "x", "version": "-1"}):
+        form = NoteForm(data, instance=VersionedNote.objects.get(pk=note.pk))
+        assert not form.is_valid()
+        assert "version" in form.errors
+    assert stored(note.pk) == ("t", "", 1)
+
+
+def test_a_form_save_that_loses_the_race_after_validation_raises_concurrent_update() -> None:
+    note = VersionedNote.objects.create(title="t")
+    form = NoteForm({"title": "mine", "body": "", "version": "1"}, instance=note)
+    assert form.is_valid()
+    VersionedNote.objects.filter(pk=note.pk).update(body="theirs")
+    with pytest.raises(locks.ConcurrentUpdate):
+        form.save()
+    assert stored(note.pk) == ("t", "theirs", 2)
+
+
+# --- the admin -----------------------------------------------------------------------------------
+
+
+def change_url(pk: int) -> str:
+    return reverse("versioning_admin:testapp_versionednote_change", args=[pk])
+
+
+def post(client: Client, pk: int, **data: Any) -> Any:
+    return client.post(change_url(pk), {"title": "", "body": "", "_save": "Save", **data})
+
+
+@pytest.mark.urls("tests.urls_versioning")
+def test_the_admin_refuses_a_change_form_based_on_an_old_version(admin_client: Client) -> None:
+    note = VersionedNote.objects.create(title="t")
+    page = admin_client.get(change_url(note.pk))
+    assert 'name="version" value="1"' in page.content.decode()
+    VersionedNote.objects.filter(pk=note.pk).update(body="theirs")  # someone else saves
+
+    response = post(admin_client, note.pk, title="mine", version="1")
+    assert response.status_code == 200
+    assert "changed by someone else" in response.content.decode()
+    assert stored(note.pk) == ("t", "theirs", 2)
+
+    response = post(admin_client, note.pk, title="mine", body="theirs", version="2")
+    assert response.status_code == 302
+    assert stored(note.pk) == ("mine", "theirs", 3)
+
+
+@pytest.mark.urls("tests.urls_versioning")
+def test_the_admin_reports_a_save_that_loses_the_race_after_validation(
+    admin_client: Client,
+) -> None:
+    note = VersionedNote.objects.create(title="t")
+
+    def someone_else_saves_first(sender: Any, instance: VersionedNote, **kwargs: Any) -> None:
+        # Between the form's check and the admin's save, the row moves on.
+        VersionedNote.objects.filter(pk=instance.pk).update(body="theirs")
+
+    pre_save.connect(someone_else_saves_first, sender=VersionedNote)
+    try:
+        response = post(admin_client, note.pk, title="mine", version="1")
+    finally:
+        pre_save.disconnect(someone_else_saves_first, sender=VersionedNote)
+    assert response.status_code == 302
+    assert response["Location"] == change_url(note.pk)
+    page = admin_client.get(response["Location"]).content.decode()
+    assert "Not saved" in page and "changed by someone else" in page
+    assert stored(note.pk)[0] == "t", "the admin's edit must not be written"

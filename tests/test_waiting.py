@@ -1,0 +1,131 @@
+"""How blocked acquires wake: release notifications on PostgreSQL, bounded backoff anywhere."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.test import override_settings
+
+import locks
+from locks.models import Lock
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Backoff so slow that only a notification can explain a prompt wake-up.
+SLOW_POLLING = {"BACKOFF_MIN": 10.0, "BACKOFF_MAX": 10.0}
+
+
+def waiter(name: str, results: list[float], **kwargs: object) -> threading.Thread:
+    def run() -> None:
+        lease = locks.acquire(name, timeout=30, holder="waiter", **kwargs)  # type: ignore[arg-type]
+        results.append(time.monotonic())
+        lease.release()
+        locks.connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def listening(backend: str) -> Iterator[None]:
+    if backend != "postgresql":
+        pytest.skip("release notifications are PostgreSQL's LISTEN/NOTIFY")
+    yield
+
+
+@pytest.mark.usefixtures("listening")
+@override_settings(LOCKS=SLOW_POLLING)
+def test_a_release_wakes_a_blocked_acquire_at_once() -> None:
+    lease = locks.acquire("orders:1", holder="first")
+    results: list[float] = []
+    thread = waiter("orders:1", results)
+    deadline = time.monotonic() + 10
+    while not Lock.objects.filter(name="orders:1", waiting=True).exists():
+        assert time.monotonic() < deadline, "the waiter never flagged the row"
+        time.sleep(0.01)
+    released = time.monotonic()
+    lease.release()
+    thread.join()
+    # Polling alone would have slept 10 s.
+    assert results and results[0] - released < 3
+
+
+@pytest.mark.usefixtures("listening")
+@override_settings(LOCKS=SLOW_POLLING)
+def test_a_waiter_wakes_when_the_holders_lease_expires() -> None:
+    locks.acquire("orders:1", holder="crashed", ttl=1.0)  # never released
+    results: list[float] = []
+    started = time.monotonic()
+    waiter("orders:1", results).join()
+    assert results and results[0] - started < 5
+
+
+@pytest.mark.usefixtures("listening")
+@override_settings(LOCKS=SLOW_POLLING)
+def test_one_listener_serves_every_waiter_of_the_process() -> None:
+    held = [locks.acquire(f"orders:{i}", holder="first") for i in range(3)]
+    results: list[float] = []
+    threads = [waiter(f"orders:{i}", results) for i in range(3)]
+    deadline = time.monotonic() + 10
+    while Lock.objects.filter(waiting=True).count() < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    listeners = [t for t in threading.enumerate() if t.name.startswith("locks-listener")]
+    assert len(listeners) == 1
+    for lease in held:
+        lease.release()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 3
+
+
+@pytest.mark.usefixtures("listening")
+def test_only_releases_a_waiter_asked_for_send_a_notification() -> None:
+    from django.db import connections
+
+    from locks.backends import for_connection
+
+    listening = connections.create_connection("default")
+    listening.ensure_connection()
+    backend = for_connection(listening)
+    backend.listen(listening.connection)
+    try:
+        locks.acquire("orders:1").release()
+        with locks.lock("orders:2"):
+            pass
+        locks.acquire("orders:3")
+        locks.break_lock("orders:3")
+        assert list(backend.notifications(listening.connection, 0.5)) == []
+
+        lease = locks.acquire("orders:1")
+        with locks.connection.get("default").cursor() as cursor:
+            left = backend.mark_waiting(cursor, "orders:1")
+        assert left is not None and 0 < left <= 60
+        lease.release()
+        flagged = locks.acquire("orders:3")
+        with locks.connection.get("default").cursor() as cursor:
+            backend.mark_waiting(cursor, "orders:3")
+        assert locks.break_lock("orders:3")
+        assert list(backend.notifications(listening.connection, 0.5)) == ["orders:1", "orders:3"]
+        assert flagged.token
+        with locks.connection.get("default").cursor() as cursor:
+            assert backend.mark_waiting(cursor, "orders:1") is None  # nobody holds it
+    finally:
+        listening.close()
+
+
+@override_settings(LOCKS={"NOTIFY": False, "BACKOFF_MIN": 0.01, "BACKOFF_MAX": 0.05})
+def test_without_notifications_waiters_poll_with_backoff() -> None:
+    lease = locks.acquire("orders:1", holder="first")
+    results: list[float] = []
+    thread = waiter("orders:1", results)
+    time.sleep(0.3)
+    assert not results
+    lease.release()
+    thread.join()
+    assert len(results) == 1
+    assert not [t for t in threading.enumerate() if t.name.startswith("locks-listener")]
