@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -77,9 +79,49 @@ def unreachable(backend: str) -> str | None:
     return None
 
 
-def ensure_database(backend: str) -> None:
-    """Create the bench database if it is missing, migrate it, and create the bench tables."""
+def _schema_stamp() -> str:
+    """A fingerprint of what decides the bench databases' schema: apps and their migrations."""
+    from django.apps import apps
+
+    digest = hashlib.sha256()
+    for config in apps.get_app_configs():
+        digest.update(config.label.encode())
+        for path in sorted(Path(config.path).glob("migrations/*.py")):
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _drop_database(backend: str) -> None:
     name = params(backend)["NAME"]
+    connections[alias(backend)].close()
+    if backend == "postgresql":
+        server = connect(backend, database="postgres")
+        try:
+            server.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            server.close()
+    elif backend == "mariadb":
+        server = connect(backend, database="")
+        try:
+            server.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+        finally:
+            server.close()
+    else:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{name}{suffix}").unlink(missing_ok=True)
+
+
+def ensure_database(backend: str) -> None:
+    """Create the bench database if it is missing, migrate it, and create the bench tables.
+
+    A database made from other migrations (an initial migration edited in place, say) is
+    dropped and made afresh: the bench keeps nothing worth keeping in it.
+    """
+    name = params(backend)["NAME"]
+    stamp = Path(settings.BASE_DIR) / "var" / "bench" / f"{name}.{backend}.schema"
+    want = _schema_stamp()
+    if not stamp.exists() or stamp.read_text() != want:
+        _drop_database(backend)
     if backend == "postgresql":
         server = connect(backend, database="postgres")
         try:
@@ -98,6 +140,7 @@ def ensure_database(backend: str) -> None:
     with connections[alias(backend)].cursor() as cursor:
         for statement in TABLES:
             cursor.execute(statement)
+    stamp.write_text(want)
 
 
 # The bench's tables churn: autovacuum may be off on a test server (it is on this one), and
