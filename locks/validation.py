@@ -68,7 +68,12 @@ def _seconds(value: Any, what: str) -> float:
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{what} must be a number of seconds or a timedelta, not {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float range: absurd either way
+        raise ValueError(
+            f"{what} is absurd: an integer of {value.bit_length()} bits is no number of seconds"
+        ) from None
 
 
 def ttl_seconds(ttl: Any) -> float:

@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 import locks.connection
 import locks.waiting
 from locks.conf import conf
+from tests.pgbouncer import through_pgbouncer  # noqa: F401  (LOCKS_TEST_PGBOUNCER=1)
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKEND = os.environ.get("LOCKS_TEST_BACKEND", "sqlite")

@@ -56,6 +56,12 @@ def _database(alias: str) -> dict[str, Any]:
         }
     else:
         raise RuntimeError(f"LOCKS_TEST_BACKEND must be sqlite, postgresql or mariadb: {BACKEND!r}")
+    if BACKEND == "postgresql" and os.environ.get("LOCKS_TEST_PGBOUNCER"):
+        # Through PgBouncer in transaction pooling mode (tests/pgbouncer.py): own database
+        # names, no server-side cursors, and the pooler's port once it runs.
+        name = name.replace("test_locks_", "test_locks_pgb_")
+        settings["DISABLE_SERVER_SIDE_CURSORS"] = True
+        settings["PORT"] = os.environ.get("LOCKS_TEST_PGBOUNCER_PORT", settings["PORT"])
     name = NAMES.get(alias, name)
     settings["NAME"] = name
     settings.setdefault("TEST", {})["NAME"] = name

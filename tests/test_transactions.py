@@ -14,6 +14,7 @@ from django.test import Client, override_settings
 
 import locks
 from locks.models import Lock
+from tests import pgbouncer
 from tests.app.models import Counter
 from tests.conftest import finish, spawn
 
@@ -128,6 +129,8 @@ def _server_sessions() -> int:
         # live SQLite connection objects instead.
         gc.collect()
         return sum(isinstance(obj, sqlite3.Connection) for obj in gc.get_objects())
+    if pgbouncer.ENABLED:  # the pooler keeps its server sessions: count its clients
+        return pgbouncer.clients(str(connection.settings_dict["NAME"]))
     query = {
         "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
         "mysql": "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE()",

@@ -1,0 +1,151 @@
+"""Fault-injection helpers: recorded worker processes, server-side session kills, verdicts."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from django.db import connection
+
+from tests.conftest import BACKEND, ROOT, worker_env
+from tests.history import load
+from tests.history_check import Report, check, summarize
+from tests.pgbouncer import ENABLED as PGBOUNCER
+
+#: Test-only server SQL, per ``connection.vendor`` (the one place that branches on it).
+SESSIONS = {
+    # Sessions of the test database other than the caller's own.
+    "postgresql": "SELECT pid FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    "mysql": "SELECT ID FROM information_schema.PROCESSLIST "
+    "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND <> 'Killed'",
+}
+KILL = {"postgresql": "SELECT pg_terminate_backend(%s)", "mysql": "KILL %s"}
+# Whether a session is waiting for a lock held by another transaction.
+WAITING = {
+    "postgresql": "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+    "mysql": "SELECT 1 FROM information_schema.INNODB_TRX "
+    "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
+}
+
+
+class Worker:
+    """A ``tests.workers_reliability`` process recording into ``history``.
+
+    Example::
+
+        worker = Worker(history, "a", "hold", "--name", "x", "--gate", gate)
+        held = worker.event()
+    """
+
+    def __init__(self, history: Path, proc: str, scenario: str, *args: Any) -> None:
+        self.proc = proc
+        self._stderr: IO[str] = open(history / f"{proc}.stderr", "w+")  # noqa: SIM115
+        command = [sys.executable, "-m", "tests.workers_reliability", scenario]
+        command += ["--history", str(history), "--proc", proc, *map(str, args)]
+        self.process = subprocess.Popen(
+            command,
+            env=worker_env(),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+        )
+        self.pid = self.process.pid
+        self._events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                self._events.put(json.loads(line))
+        self._events.put(None)
+
+    def errors(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read()
+
+    def event(self, timeout: float = 120) -> dict[str, Any]:
+        """The next event the worker printed; fails with its stderr if it ended instead."""
+        try:
+            event = self._events.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(
+                f"{self.proc}: no event in {timeout} s:\n{self.errors()}"
+            ) from None
+        if event is None:
+            raise AssertionError(f"{self.proc} ended ({self.process.wait()}):\n{self.errors()}")
+        return event
+
+    def poll_event(self, timeout: float) -> dict[str, Any] | None:
+        """The next event if one comes within ``timeout`` seconds, else ``None``."""
+        try:
+            return self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def send(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+        if sig == signal.SIGKILL:
+            self.process.wait(timeout=60)
+
+    def finish(self, timeout: float = 300) -> list[dict[str, Any]]:
+        """Wait for the end; fail with its stderr unless it exited cleanly; its last events."""
+        code = self.process.wait(timeout=timeout)
+        assert code == 0, f"{self.proc} failed ({code}):\n{self.errors()}"
+        events = []
+        while (event := self._events.get(timeout=10)) is not None:
+            events.append(event)
+        return events
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.pid, signal.SIGCONT)
+            os.kill(self.pid, signal.SIGKILL)
+            self.process.wait(timeout=60)
+        self._stderr.close()
+
+
+def verify(history: Path, fault: str, injected: int) -> Report:
+    """Check every history in ``history`` and the lock rows left; log it for the docs."""
+    from locks.models import Lock
+
+    final = list(Lock.objects.values_list("name", "token"))
+    report = check(load(sorted(history.glob("*.jsonl"))), final)
+    summarize(fault, BACKEND + ("+pgbouncer" if PGBOUNCER else ""), injected, report)
+    report.assert_clean()
+    return report
+
+
+def kill_session(session: int) -> None:
+    """End another session of the test database from the server side."""
+    with connection.cursor() as cursor:
+        cursor.execute(KILL[connection.vendor], [session])
+
+
+def other_sessions() -> list[int]:
+    """Server session ids of every other connection to the test database."""
+    with connection.cursor() as cursor:
+        cursor.execute(SESSIONS[connection.vendor])
+        return [int(row[0]) for row in cursor.fetchall()]
+
+
+def wait_until_waiting(session: int, seconds: float = 30) -> None:
+    """Wait until ``session`` waits for a lock that another transaction holds."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(WAITING[connection.vendor], [session])
+            if cursor.fetchone() is not None:
+                return
+        assert time.monotonic() < deadline, f"session {session} never waited for a lock"
+        time.sleep(0.05)
