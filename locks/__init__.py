@@ -10,7 +10,15 @@ Example::
 
 from __future__ import annotations
 
-from .exceptions import ConcurrentUpdate, LockBusy, LockError, LockLost, StaleToken
+from .aio import aacquire, alock, atry_acquire
+from .exceptions import (
+    ConcurrentUpdate,
+    DuplicateTask,
+    LockBusy,
+    LockError,
+    LockLost,
+    StaleToken,
+)
 from .leases import (
     Lease,
     acquire,
@@ -25,12 +33,16 @@ from .rowlocks import lock_rows, row_lock
 
 __all__ = [
     "ConcurrentUpdate",
+    "DuplicateTask",
     "Lease",
     "LockBusy",
     "LockError",
     "LockLost",
     "StaleToken",
+    "aacquire",
     "acquire",
+    "alock",
+    "atry_acquire",
     "break_lock",
     "check_token",
     "is_locked",

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings as django_settings
+
+from . import validation
+
+T = TypeVar("T")
 
 DEFAULTS: dict[str, Any] = {
     # Database alias whose server holds the lock table.
@@ -19,6 +24,12 @@ DEFAULTS: dict[str, Any] = {
     "TRANSIENT_RETRIES": 8,
     # Rows one reaper statement deletes at most.
     "REAP_BATCH_SIZE": 1000,
+    # Seconds one run of the reaper task may spend before it stops (None: until done);
+    # keep it below the beat interval so runs do not pile up.
+    "REAP_TIME_BUDGET": 30.0,
+    # Lease length of a SingletonTask's lock, held from enqueue to the end of the run: it
+    # must outlast the time a task waits in the queue plus its run (or use auto-renew).
+    "TASK_LOCK_TTL": 3600.0,
     # The auto-renew watchdog renews when this fraction of the TTL has passed.
     "RENEW_FRACTION": 1 / 3,
     # PostgreSQL: wake blocked acquires with LISTEN/NOTIFY (one listening connection per
@@ -67,6 +78,21 @@ class Settings:
     @property
     def NOTIFY(self) -> bool:
         return bool(self._get("NOTIFY"))
+
+    @property
+    def REAP_TIME_BUDGET(self) -> float | None:
+        return self._checked("REAP_TIME_BUDGET", validation.timeout_seconds)
+
+    @property
+    def TASK_LOCK_TTL(self) -> float:
+        return self._checked("TASK_LOCK_TTL", validation.ttl_seconds)
+
+    def _checked(self, key: str, check: Callable[[Any], T]) -> T:
+        # The error names the setting: a bad value in settings.py is not a bad argument.
+        try:
+            return check(self._get(key))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"LOCKS[{key!r}]: {exc}") from None
 
     @property
     def RENEW_FRACTION(self) -> float:

@@ -62,3 +62,24 @@ class ConcurrentUpdate(LockError):
         except locks.ConcurrentUpdate:
             order.refresh_from_db()
     """
+
+
+class DuplicateTask(LockBusy):
+    """A de-duplicated Celery task is already queued or running with the same lock key.
+
+    Raised by ``SingletonTask.apply_async``/``delay`` when the task has
+    ``on_duplicate = "raise"``; ``name`` is the lock key and ``task_id`` the id of the
+    task already queued or running (``None`` if another kind of holder has the lock).
+
+    Example::
+
+        try:
+            export_report.delay(report_id)
+        except locks.DuplicateTask as exc:
+            messages.info(request, f"already running as {exc.task_id}")
+    """
+
+    def __init__(self, message: str, *, name: str, task_id: str | None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.task_id = task_id

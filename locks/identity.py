@@ -44,3 +44,18 @@ def default_holder() -> str:
         holder = f"{_state['prefix']}:{thread}:{_state['nonce']}"
         _local.holder = holder
     return holder
+
+
+def unique_holder(kind: str) -> str:
+    """Return a fresh holder identity for something that is not a thread, e.g. an asyncio task.
+
+    It has the same host, pid and nonce as :func:`default_holder`, plus ``kind`` and a
+    serial number never handed out before in this process.
+
+    Example::
+
+        unique_holder("task")  # 'web-1:4242:task.7:9f2c1a7b'
+    """
+    if "prefix" not in _state:
+        default_holder()  # sets the host:pid prefix and the nonce
+    return f"{_state['prefix']}:{kind}.{next(_serial)}:{_state['nonce']}"

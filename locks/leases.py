@@ -325,6 +325,32 @@ class Lease:
             raise self._lost_error("it was taken over, broken or reaped")
         logger.debug("released %r (token %s)", self.name, self.token)
 
+    async def arenew(self, ttl: float | timedelta | None = None) -> None:
+        """:meth:`renew` for asyncio code: runs in a worker thread, off the event loop.
+
+        Example::
+
+            await lease.arenew()
+        """
+        from .aio import run_sync
+
+        await run_sync(self.renew, ttl)
+
+    async def arelease(self, *, entirely: bool = False) -> None:
+        """:meth:`release` for asyncio code: runs in a worker thread, off the event loop.
+
+        Example::
+
+            lease = await locks.aacquire("orders:42")
+            try:
+                ...
+            finally:
+                await lease.arelease()
+        """
+        from .aio import run_sync
+
+        await run_sync(self.release, entirely=entirely)
+
     def _release_statements(
         self, backend: Backend, cursor: CursorWrapper, entirely: bool
     ) -> Released:
@@ -498,22 +524,33 @@ def check_token(name: str, token: int, *, using: str | None = None) -> bool:
     )
 
 
-def break_lock(name: str, *, using: str | None = None) -> bool:
+def break_lock(name: str, *, using: str | None = None, token: int | None = None) -> bool:
     """Delete the lock row of ``name`` whoever holds it; True if a row went.
 
     The holder learns of it as ``LockLost`` on its next renew or release, and the next
-    holder's token is greater than the broken one's.
+    holder's token is greater than the broken one's. With ``token``, only that holding is
+    broken: a lock re-acquired since the caller looked (new token) is left alone.
 
     Example::
 
         locks.break_lock("orders:42")
+        locks.break_lock("orders:42", token=shown.token)  # only the holding that was shown
     """
     name = validation.check_name(name)
-    broken = _execute(
-        _alias(using), "break", name, lambda backend, cursor: backend.break_lock(cursor, name)
-    )
+    if token is None:
+        broken = _execute(
+            _alias(using), "break", name, lambda backend, cursor: backend.break_lock(cursor, name)
+        )
+    else:
+        shown = validation.check_token(token)
+        broken = _execute(
+            _alias(using),
+            "break",
+            name,
+            lambda backend, cursor: backend.break_holding(cursor, name, shown),
+        )
     if broken:
-        logger.warning("broke lock %r", name)
+        logger.warning("broke lock %r%s", name, "" if token is None else f" (token {token})")
     return broken
 
 

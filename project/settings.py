@@ -4,6 +4,8 @@ Environment variables:
     DATABASE_URL: database URL for dj-database-url (default: SQLite file var/demo.sqlite3).
     CELERY_BROKER_URL: Celery broker (default: the filesystem transport under var/celery-fs).
     CELERY_RESULT_BACKEND: Celery result backend (default: none).
+    CELERY_FS_DIR: folder of the filesystem transport (default: var/celery-fs).
+    LOCKS_REAP_INTERVAL: seconds between runs of the reaper task under beat (default: 60).
     DJANGO_DEBUG: "1"/"true" or "0"/"false" (default: true; this is a demo).
     DJANGO_SECRET_KEY: secret key (default: an insecure key for local use only).
     DJANGO_ALLOWED_HOSTS: comma-separated host names (default: localhost names).
@@ -126,7 +128,7 @@ CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or None
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {}
 if CELERY_BROKER_URL.startswith("filesystem:"):
     # One folder serves as both inbox and outbox: producers and workers share it.
-    CELERY_FS_DIR = VAR_DIR / "celery-fs"
+    CELERY_FS_DIR = Path(os.environ.get("CELERY_FS_DIR") or VAR_DIR / "celery-fs")
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(CELERY_FS_DIR / "queue"),
         "data_folder_out": str(CELERY_FS_DIR / "queue"),
@@ -142,5 +144,8 @@ CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     # The reaper deletes expired lock rows in bounded batches; run exactly one beat.
-    "locks-reap-expired": {"task": "locks.reap_expired", "schedule": 60.0},
+    "locks-reap-expired": {
+        "task": "locks.reap_expired",
+        "schedule": float(os.environ.get("LOCKS_REAP_INTERVAL") or 60.0),
+    },
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,6 +41,12 @@ class Backend:
     """
 
     vendor = ""
+    #: The owner-checked DELETE of a holding's last re-entry (or of an expired one),
+    #: returning whether it was still live; the UPDATE undoing one re-entry; the DELETE
+    #: of one reaper batch.
+    RELEASE_LAST = ""
+    RELEASE_REENTRY = ""
+    REAP = ""
     #: SQL expression for the database server's current time, as stored in the table
     #: (written for a parametrised query: a literal "%" is "%%").
     NOW = ""
@@ -61,17 +67,28 @@ class Backend:
         """Extend a live holding to at least now + ttl; ``None`` if it is not ours or expired."""
         raise NotImplementedError
 
+    def grant(self, row: Sequence[Any] | None) -> Grant | None:
+        """The Grant in a RETURNING row of (token, count, acquired_at, expires_at)."""
+        if row is None:
+            return None
+        return Grant(row[0], row[1], self.to_datetime(row[2]), self.to_datetime(row[3]))
+
     def release_last(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
     ) -> Released:
         """Delete our row if it is the last re-entry, if it expired, or if ``entirely``."""
-        raise NotImplementedError
+        cursor.execute(self.RELEASE_LAST, [name, holder, token, entirely])
+        row = cursor.fetchone()
+        if row is None:
+            return Released.MISSING
+        return Released.DONE if row[0] else Released.EXPIRED
 
     def release_reentry(
         self, cursor: CursorWrapper, name: str, holder: str, token: int
     ) -> Released:
         """Undo one re-entry of a live holding that has more than one."""
-        raise NotImplementedError
+        cursor.execute(self.RELEASE_REENTRY, [name, holder, token])
+        return Released.MISSING if cursor.fetchone() is None else Released.DONE
 
     def is_locked(self, cursor: CursorWrapper, name: str) -> bool:
         cursor.execute(
@@ -90,6 +107,23 @@ class Backend:
         cursor.execute("DELETE FROM locks_lock WHERE name = %s", [name])
         return bool(cursor.rowcount)
 
+    def break_holding(self, cursor: CursorWrapper, name: str, token: int) -> bool:
+        """Delete the row of ``name`` only while it is still the holding with ``token``.
+
+        A token names one holding (one holder, its re-entries): a lock re-acquired since
+        the caller looked has another token and is left alone.
+        """
+        cursor.execute("DELETE FROM locks_lock WHERE name = %s AND token = %s", [name, token])
+        return bool(cursor.rowcount)
+
+    def remaining(self, cursor: CursorWrapper, name: str) -> float | None:
+        """Seconds until the row of ``name`` expires by the database clock; ``None``: no row."""
+        cursor.execute(f"SELECT expires_at, {self.NOW} FROM locks_lock WHERE name = %s", [name])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        return (self.to_datetime(row[0]) - self.to_datetime(row[1])).total_seconds()
+
     def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
         """Ask to be notified when ``name`` is released; return the seconds its lease has
         left, or ``None`` when nobody holds it any more (try again at once)."""
@@ -105,7 +139,8 @@ class Backend:
 
     def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
         """Delete at most ``batch_size`` expired rows in one statement; return how many."""
-        raise NotImplementedError
+        cursor.execute(self.REAP, [batch_size])
+        return int(cursor.rowcount)
 
     def now(self, cursor: CursorWrapper) -> datetime:
         """The database server's clock."""
@@ -199,3 +234,16 @@ class Backend:
     def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
         """The session settings :meth:`bounded_wait` may touch, as they are now."""
         return {}
+
+    def live_holding(self, cursor: CursorWrapper, name: str) -> tuple[str, str] | None:
+        """Holder and note of ``name`` if its lease is live by the database clock."""
+        cursor.execute(
+            f"SELECT holder, note FROM locks_lock WHERE name = %s AND expires_at > {self.NOW}",
+            [name],
+        )
+        row = cursor.fetchone()
+        return None if row is None else (str(row[0]), str(row[1]))
+
+    #: Whether a writer waiting for the database polls (SQLite's busy handler) instead of
+    #: queueing for a lock: a bulk job must then pause between statements to let it in.
+    writers_poll = False

@@ -88,15 +88,17 @@ def _micros(seconds: float) -> int:
 class MySQLBackend(Backend):
     vendor = "mysql"
     NOW = NOW
+    RELEASE_LAST = RELEASE_LAST
+    RELEASE_REENTRY = RELEASE_REENTRY
+    REAP = REAP
 
     def acquire(
         self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
     ) -> Grant | None:
         cursor.execute(ACQUIRE, [name, holder, name, _micros(ttl), note])
         row = cursor.fetchone()
-        if row is None or row[0] != holder:
-            return None
-        return Grant(row[1], row[2], self.to_datetime(row[3]), self.to_datetime(row[4]))
+        # RETURNING shows the row as the statement left it: ours only if we won.
+        return None if row is None or row[0] != holder else self.grant(row[1:])
 
     def renew(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
@@ -109,24 +111,11 @@ class MySQLBackend(Backend):
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
-    def release_last(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
-    ) -> Released:
-        cursor.execute(RELEASE_LAST, [name, holder, token, entirely])
-        row = cursor.fetchone()
-        if row is None:
-            return Released.MISSING
-        return Released.DONE if row[0] else Released.EXPIRED
-
     def release_reentry(
         self, cursor: CursorWrapper, name: str, holder: str, token: int
     ) -> Released:
         cursor.execute(RELEASE_REENTRY, [name, holder, token])
         return Released.DONE if cursor.rowcount else Released.MISSING
-
-    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
-        cursor.execute(REAP, [batch_size])
-        return int(cursor.rowcount)
 
     def is_transient(self, exc: BaseException) -> bool:
         args: tuple[Any, ...] = exc.args

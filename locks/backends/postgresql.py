@@ -18,7 +18,7 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .base import Backend, Grant, Released
+from .base import Backend, Grant
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -33,9 +33,9 @@ ADVISORY_NAMESPACE = 0x6C6F636B  # "lock"
 ACQUIRE = f"""
 INSERT INTO locks_lock AS l (name, holder, count, token, acquired_at, expires_at, note)
 VALUES (
-    %(name)s, %(holder)s, 1,
+    CAST(%(name)s AS text), %(holder)s, 1,
     (SELECT nextval('locks_token_seq')
-       FROM pg_advisory_xact_lock({ADVISORY_NAMESPACE}, hashtext(%(name)s))),
+       FROM pg_advisory_xact_lock({ADVISORY_NAMESPACE}, hashtext(CAST(%(name)s AS text)))),
     statement_timestamp(), statement_timestamp() + %(ttl)s, %(note)s)
 ON CONFLICT (name) DO UPDATE SET
     count = CASE WHEN l.expires_at <= statement_timestamp() THEN 1 ELSE l.count + 1 END,
@@ -70,6 +70,10 @@ RETURNING expires_at > statement_timestamp(), {NOTIFY_IF_WAITING}
 """
 
 BREAK = f"DELETE FROM locks_lock WHERE name = %s RETURNING {NOTIFY_IF_WAITING}"
+
+BREAK_HOLDING = f"""
+DELETE FROM locks_lock WHERE name = %s AND token = %s RETURNING {NOTIFY_IF_WAITING}
+"""
 
 MARK_WAITING = """
 UPDATE locks_lock SET waiting = true
@@ -115,6 +119,9 @@ DEADLOCK = "40P01"
 class PostgreSQLBackend(Backend):
     vendor = "postgresql"
     NOW = "statement_timestamp()"
+    RELEASE_LAST = RELEASE_LAST
+    RELEASE_REENTRY = RELEASE_REENTRY
+    REAP = REAP
     supports_notify = True
 
     def acquire(
@@ -127,10 +134,7 @@ class PostgreSQLBackend(Backend):
             "note": note,
         }
         cursor.execute(ACQUIRE, params)
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        return Grant(row[0], row[1], self.to_datetime(row[2]), self.to_datetime(row[3]))
+        return self.grant(cursor.fetchone())
 
     def renew(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
@@ -140,23 +144,12 @@ class PostgreSQLBackend(Backend):
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
-    def release_last(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
-    ) -> Released:
-        cursor.execute(RELEASE_LAST, [name, holder, token, entirely])
-        row = cursor.fetchone()
-        if row is None:
-            return Released.MISSING
-        return Released.DONE if row[0] else Released.EXPIRED
-
-    def release_reentry(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int
-    ) -> Released:
-        cursor.execute(RELEASE_REENTRY, [name, holder, token])
-        return Released.MISSING if cursor.fetchone() is None else Released.DONE
-
     def break_lock(self, cursor: CursorWrapper, name: str) -> bool:
         cursor.execute(BREAK, [name])
+        return cursor.fetchone() is not None
+
+    def break_holding(self, cursor: CursorWrapper, name: str, token: int) -> bool:
+        cursor.execute(BREAK_HOLDING, [name, token])
         return cursor.fetchone() is not None
 
     def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
@@ -170,10 +163,6 @@ class PostgreSQLBackend(Backend):
     def notifications(self, raw: Any, timeout: float) -> Iterator[str]:
         for notify in raw.notifies(timeout=timeout):
             yield notify.payload
-
-    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
-        cursor.execute(REAP, [batch_size])
-        return int(cursor.rowcount)
 
     def is_transient(self, exc: BaseException) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) in TRANSIENT_SQLSTATES

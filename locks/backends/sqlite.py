@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from ..exceptions import LockError
-from .base import Backend, Grant, Released
+from .base import Backend, Grant
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -105,6 +105,9 @@ def _same_file(a: str, b: str) -> bool:
 class SQLiteBackend(Backend):
     vendor = "sqlite"
     NOW = NOW
+    RELEASE_LAST = RELEASE_LAST
+    RELEASE_REENTRY = RELEASE_REENTRY
+    REAP = REAP
     has_row_locks = False
 
     def acquire(
@@ -117,10 +120,7 @@ class SQLiteBackend(Backend):
             "note": note,
         }
         cursor.execute(ACQUIRE, params)
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        return Grant(row[0], row[1], self.to_datetime(row[2]), self.to_datetime(row[3]))
+        return self.grant(cursor.fetchone())
 
     def renew(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
@@ -134,25 +134,6 @@ class SQLiteBackend(Backend):
         cursor.execute(RENEW, params)
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
-
-    def release_last(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
-    ) -> Released:
-        cursor.execute(RELEASE_LAST, [name, holder, token, entirely])
-        row = cursor.fetchone()
-        if row is None:
-            return Released.MISSING
-        return Released.DONE if row[0] else Released.EXPIRED
-
-    def release_reentry(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int
-    ) -> Released:
-        cursor.execute(RELEASE_REENTRY, [name, holder, token])
-        return Released.MISSING if cursor.fetchone() is None else Released.DONE
-
-    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
-        cursor.execute(REAP, [batch_size])
-        return int(cursor.rowcount)
 
     def is_transient(self, exc: BaseException) -> bool:
         message = str(exc)
@@ -213,3 +194,6 @@ class SQLiteBackend(Backend):
         with connection.cursor() as cursor:
             cursor.execute("PRAGMA busy_timeout")
             return {"busy_timeout": str(cursor.fetchone()[0])}
+
+    # The busy handler retries with growing sleeps: a waiting writer does not queue.
+    writers_poll = True

@@ -58,3 +58,16 @@ class VersionedNote(VersionedModel):
 
     def __str__(self) -> str:
         return f"{self.title} (version {self.version})"
+
+
+class CeleryRun(models.Model):
+    """One run of a test Celery task, as the worker saw it."""
+
+    label = models.CharField(max_length=100)
+    task_id = models.CharField(max_length=64)
+    pid = models.IntegerField()
+    retries = models.IntegerField(default=0)
+    finished = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"{self.label} run by task {self.task_id} (pid {self.pid})"

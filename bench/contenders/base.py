@@ -1,0 +1,166 @@
+"""The interface every contender implements, and helpers shared by the database ones."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from django.db import connections
+
+from bench import db
+
+
+class Busy(Exception):
+    """A blocking acquire ran out of time (the bench treats it as an error)."""
+
+
+class Contender:
+    """One lock implementation on one database, driven by the scenario loops.
+
+    The parent process calls :meth:`missing`, :meth:`prepare` and the ``counter_*``
+    book-keeping; each worker process builds its own instance and calls :meth:`open`,
+    the lock calls and :meth:`close`. ``statements`` counts the statements the lock
+    calls sent (not the counter's).
+
+    Example::
+
+        contender = REGISTRY["locks/postgresql"]()
+        contender.open()
+        handle = contender.try_acquire("bench:k")
+        contender.release(handle)
+    """
+
+    family: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    backends: ClassVar[tuple[str, ...]] = ()
+    scenarios: ClassVar[frozenset[str]] = frozenset("abcd")
+    #: Python modules that must import (installed only in .venv-bench for the peers).
+    needs: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.statements = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.family}/{self.backend}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.title} ({self.backend})"
+
+    @property
+    def floor(self) -> str:
+        """The floor contender this one is compared with (same database when there is one)."""
+        return f"floor/{self.backend if self.backend in db.BACKENDS else 'postgresql'}"
+
+    def missing(self) -> str | None:
+        """Why this contender cannot run here, or ``None``."""
+        import importlib.util
+
+        for module in self.needs:
+            if importlib.util.find_spec(module) is None:
+                return f"{module} is not installed (scripts/bench installs it into .venv-bench)"
+        return self.unreachable()
+
+    def unreachable(self) -> str | None:
+        """Why the contender's server cannot be reached, or ``None``."""
+        return db.unreachable(self.backend)
+
+    def probe(self) -> str | None:
+        """Parent side, after the database is ready: why the contender cannot run, or ``None``."""
+        return None
+
+    def prepare(self) -> None:
+        """Parent side, once per run: create what the contender needs."""
+
+    def clear(self, prefix: str) -> None:
+        """Parent side, before every measurement: forget locks left under ``prefix``."""
+
+    def open(self) -> None:
+        """Worker side: connect (connections are not measured)."""
+
+    def close(self) -> None:
+        """Worker side: disconnect."""
+
+    def try_acquire(self, key: str) -> Any | None:
+        """One non-blocking attempt; a handle, or ``None`` when the lock is held."""
+        raise NotImplementedError
+
+    def acquire(self, key: str, timeout: float) -> Any:
+        """Block until the lock is ours (raise :class:`Busy` after ``timeout``)."""
+        raise NotImplementedError
+
+    def release(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    # The counter of scenario (c): a row in the same database, read then written.
+    def counter_init(self, key: str) -> None:
+        db.execute(self.backend, "DELETE FROM bench_counter WHERE name = %s", [key])
+        db.execute(self.backend, "INSERT INTO bench_counter (name, value) VALUES (%s, 0)", [key])
+
+    def counter_value(self, key: str) -> int:
+        return int(
+            db.scalar(self.backend, "SELECT value FROM bench_counter WHERE name = %s", [key])
+        )
+
+    def counter_get(self, key: str) -> int:
+        with connections[db.alias(self.backend)].cursor() as cursor:
+            cursor.execute("SELECT value FROM bench_counter WHERE name = %s", [key])
+            return int(cursor.fetchone()[0])
+
+    def counter_set(self, key: str, value: int) -> None:
+        with connections[db.alias(self.backend)].cursor() as cursor:
+            cursor.execute("UPDATE bench_counter SET value = %s WHERE name = %s", [value, key])
+
+
+class DjangoCounting:
+    """Counts the statements a lock call runs through Django connections (execute_wrapper).
+
+    Only statements run while :meth:`counting` is active are counted, so the counter
+    update of scenario (c) on the same connection is left out.
+    """
+
+    statements: int
+
+    def install_counter(self, alias_names: list[str], own: bool = False) -> None:
+        import locks.connection
+
+        self._counting = False
+        for name in alias_names:
+            wrapper = locks.connection.get(name) if own else connections[name]
+            wrapper.ensure_connection()
+            wrapper.execute_wrappers.append(self._count)
+
+    def _count(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        if self._counting:
+            self.statements += 1
+        return execute(sql, params, many, context)
+
+    def counted(self, call: Callable[[], Any]) -> Any:
+        self._counting = True
+        try:
+            return call()
+        finally:
+            self._counting = False
+
+
+def backoff_wait(attempt_fn: Callable[[], Any | None], key: str, timeout: float) -> Any:
+    """Blocking acquire for a lock that only has a try: bounded exponential backoff + jitter.
+
+    Pauses start at 1 ms and double up to 50 ms, each a random point in its upper half.
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        handle = attempt_fn()
+        if handle is not None:
+            return handle
+        if time.monotonic() >= deadline:
+            raise Busy(f"{key}: still busy after {timeout} s")
+        time.sleep(random.uniform(pause / 2, pause))
+        pause = min(pause * 2, 0.05)

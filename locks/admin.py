@@ -1,0 +1,190 @@
+"""Admin for lock rows: read-only list by the database clock, and actions to break and reap."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, cast
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import DELETION, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+
+from .conf import conf
+from .leases import break_lock, reap_expired
+from .models import DatabaseNow, Lock, LockQuerySet
+
+logger = logging.getLogger("locks.admin")
+
+if TYPE_CHECKING:
+    ModelAdmin = admin.ModelAdmin[Lock]
+else:  # ModelAdmin is generic only in django-stubs, not at run time
+    ModelAdmin = admin.ModelAdmin
+
+#: Actions that change lock rows: they need the ``locks.break_lock`` permission.
+GUARDED_ACTIONS = ("break_locks", "reap_expired")
+
+
+def seconds_left(lock: Lock) -> float:
+    """Seconds until ``lock`` expires by the database clock (negative once expired).
+
+    Needs a row read through :meth:`LockAdmin.get_queryset` (it carries the database's now).
+
+    Example::
+
+        seconds_left(LockAdmin(Lock, admin.site).get_queryset(request).get(name="orders:42"))
+    """
+    now = lock.db_now  # type: ignore[attr-defined]
+    return float((lock.expires_at - now).total_seconds())
+
+
+class StateFilter(admin.SimpleListFilter):
+    """Filter lock rows by state, judged by the database clock: held or expired."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("held", "held"), ("expired", "expired")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        rows = cast(LockQuerySet, queryset)
+        if self.value() == "held":
+            return rows.held()
+        if self.value() == "expired":
+            return rows.expired()
+        return queryset
+
+
+@admin.register(Lock)
+class LockAdmin(ModelAdmin):
+    """Lock rows, read-only; breaking and reaping need the ``locks.break_lock`` permission.
+
+    Example::
+
+        admin.site.register(Lock, LockAdmin)  # done by this module; subclass to customise
+    """
+
+    list_display = ("name", "holder", "count", "token", "acquired_at", "expires_in", "state")
+    list_filter = (StateFilter,)
+    search_fields = ("name", "holder")
+    ordering = ("-acquired_at", "-token")  # same millisecond on SQLite: later token first
+    actions = GUARDED_ACTIONS
+    fields = ("name", "holder", "count", "token", "acquired_at", "expires_at", "note")
+    readonly_fields = fields
+    break_confirmation_template = "admin/locks/lock/break_confirmation.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Lock]:
+        # Expiry is judged by the database's clock, read in the same statement as the rows.
+        queryset = super().get_queryset(request).using(conf.DATABASE)
+        return queryset.annotate(db_now=DatabaseNow())
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Lock | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Lock | None = None) -> bool:
+        # Deleting would skip the owner-checked semantics: breaking is the way.
+        return False
+
+    def has_break_lock_permission(self, request: HttpRequest) -> bool:
+        """Whether the user may break and reap locks (``locks.break_lock``)."""
+        return request.user.has_perm(f"{self.opts.app_label}.break_lock")
+
+    @admin.display(description="expires in (s)", ordering="expires_at")
+    def expires_in(self, lock: Lock) -> str:
+        return f"{seconds_left(lock):.1f}"
+
+    @admin.display(description="state")
+    def state(self, lock: Lock) -> str:
+        return "held" if seconds_left(lock) > 0 else "expired"
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # Without the permission an action is hidden, and Django would answer a forged
+        # POST with "no action selected"; refuse it plainly instead.
+        if request.method == "POST":
+            action = request.POST.get("action")
+            if action in GUARDED_ACTIONS and not self.has_break_lock_permission(request):
+                raise PermissionDenied("breaking locks needs the locks.break_lock permission")
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Break selected locks", permissions=["break_lock"])
+    def break_locks(self, request: HttpRequest, queryset: QuerySet[Lock]) -> HttpResponse | None:
+        """Show the selected holdings for confirmation; on confirmation break exactly those."""
+        if request.POST.get("post") == "yes":
+            self._break_confirmed(request, queryset)
+            return None
+        rows = list(queryset)
+        for lock in rows:
+            lock.expires_in = seconds_left(lock)  # type: ignore[attr-defined]
+            lock.state = "held" if lock.expires_in > 0 else "expired"  # type: ignore[attr-defined]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Break locks",
+            "subtitle": None,
+            "locks": rows,
+            "opts": self.opts,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.break_confirmation_template, context)
+
+    def _break_confirmed(self, request: HttpRequest, queryset: QuerySet[Lock]) -> None:
+        shown = _shown_holdings(request.POST.getlist("holding"))
+        broken: list[str] = []
+        changed: list[str] = []
+        for lock in queryset:
+            token = shown.pop(lock.name, None)
+            # break_lock(token=...) deletes only the holding that was on the page.
+            if token is None or token != lock.token:
+                changed.append(lock.name)
+            elif break_lock(lock.name, token=token, using=conf.DATABASE):
+                self._log_break(request, lock)
+                broken.append(lock.name)
+            else:
+                changed.append(lock.name)
+        changed.extend(shown)  # released since the page was shown
+        if broken:
+            self.message_user(request, f"Broke {len(broken)} lock(s): {', '.join(broken)}.")
+        if changed:
+            self.message_user(
+                request,
+                f"Left {len(changed)} lock(s) alone: released or taken again since the page "
+                f"was shown: {', '.join(changed)}.",
+                messages.WARNING,
+            )
+
+    def _log_break(self, request: HttpRequest, lock: Lock) -> None:
+        message = f"Broke lock {lock.name!r} held by {lock.holder!r} with token {lock.token}."
+        LogEntry.objects.log_actions(
+            user_id=cast(int, request.user.pk),  # only staff users reach an action
+            queryset=[lock],
+            action_flag=DELETION,
+            change_message=message,
+            single_object=True,
+        )
+        logger.warning("admin user %r: %s", request.user.get_username(), message)
+
+    @admin.action(description="Reap expired locks", permissions=["break_lock"])
+    def reap_expired(self, request: HttpRequest, queryset: QuerySet[Lock]) -> None:
+        """Delete every expired lock row (not only the selected ones); live rows stay."""
+        deleted = reap_expired(using=conf.DATABASE)
+        self.message_user(request, f"Reaped {deleted} expired lock(s).")
+
+
+def _shown_holdings(values: list[str]) -> dict[str, int]:
+    """Parse the confirmation page's "TOKEN NAME" fields; malformed ones are ignored."""
+    shown: dict[str, int] = {}
+    for value in values:
+        token, space, name = value.partition(" ")
+        if space and name and token.isdigit() and len(token) < 20:
+            shown[name] = int(token)
+    return shown

@@ -1,0 +1,252 @@
+"""The lease API for asyncio code: ``aacquire``, ``atry_acquire``, ``alock``; never blocks the loop.
+
+Each database call runs in a worker thread (asgiref's ``sync_to_async`` with
+``thread_sensitive=False``) on that thread's own autocommit connection, which is tidied up
+afterwards like Django tidies its own (``CONN_MAX_AGE``). Waiting for a busy lock sleeps on
+the event loop, so a waiter holds no thread. The default holder is one per asyncio task, so
+two tasks on one loop exclude each other like two threads do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, AsyncContextDecorator
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from asgiref.sync import sync_to_async
+
+from . import connection, validation
+from .exceptions import LockBusy
+from .identity import default_holder, unique_holder
+from .leases import RELEASED, Lease, _backoff, _end, _Request
+
+logger = logging.getLogger("locks")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_background: set[asyncio.Future[None]] = set()
+_task_holders: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
+
+
+def task_holder() -> str:
+    """Return the holder identity of the running asyncio task (one per task, like per thread).
+
+    Outside a task (plain synchronous code) this is the thread's :func:`default_holder`.
+
+    Example::
+
+        async def job():
+            lease = await locks.aacquire("orders:42", holder=task_holder())
+    """
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    if task is None:
+        return default_holder()
+    holder = _task_holders.get(task)
+    if holder is None:
+        holder = _task_holders[task] = unique_holder("task")
+    return holder
+
+
+def _tidy_after(function: Callable[P, T]) -> Callable[P, T]:
+    @functools.wraps(function)
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return function(*args, **kwargs)
+        finally:
+            # Pool threads live on after the call: close their connection when Django
+            # would (at once with the default CONN_MAX_AGE = 0).
+            connection.close_old()
+
+    return call
+
+
+async def run_sync(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run a blocking lock call in a worker thread, off the event loop.
+
+    Example::
+
+        await run_sync(lease.renew, 30)
+    """
+    return await sync_to_async(_tidy_after(function), thread_sensitive=False)(*args, **kwargs)
+
+
+def _release_quietly(lease: Lease) -> None:
+    try:
+        lease.release()
+    except Exception:
+        logger.warning("could not release lock %r after a cancelled acquire", lease.name)
+
+
+async def _attempt(request: _Request) -> Lease | None:
+    """One attempt; if the caller is cancelled meanwhile, a lease it won is released."""
+    future = asyncio.ensure_future(run_sync(request.attempt))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+
+        def release_won(done: asyncio.Future[Lease | None]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                won = done.result()
+                if won is not None:
+                    cleanup = asyncio.ensure_future(run_sync(_release_quietly, won))
+                    _background.add(cleanup)  # the loop keeps only weak references
+                    cleanup.add_done_callback(_background.discard)
+
+        future.add_done_callback(release_won)
+        raise
+
+
+async def _wait(request: _Request, timeout: float | None) -> Lease:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for attempt in itertools.count():
+        lease = await _attempt(request)
+        if lease is not None:
+            return lease
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            raise LockBusy(
+                f"lock {request.name!r} is held by another holder"
+                + (f"; gave up after {timeout:g} s" if timeout else "")
+            )
+        pause = _backoff(attempt)
+        await asyncio.sleep(pause if deadline is None else min(pause, deadline - now))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _build(name: Any, ttl: Any, holder: Any, using: Any, note: Any, auto_renew: Any) -> _Request:
+    return _Request.build(
+        name, ttl, task_holder() if holder is None else holder, using, note, auto_renew
+    )
+
+
+async def aacquire(
+    name: str,
+    *,
+    ttl: float | timedelta | None = None,
+    timeout: float | timedelta | None = None,
+    holder: str | None = None,
+    using: str | None = None,
+    note: str = "",
+    auto_renew: bool = False,
+) -> Lease:
+    """Acquire the lease on ``name`` without blocking the event loop; see :func:`locks.acquire`.
+
+    Waits up to ``timeout`` seconds (``None``: forever) and raises ``LockBusy`` when it runs
+    out. The default holder is the running task's, so tasks exclude each other.
+
+    Example::
+
+        lease = await locks.aacquire("orders:42", ttl=30, timeout=5)
+        try:
+            await ship(order)
+        finally:
+            await lease.arelease()
+    """
+    request = _build(name, ttl, holder, using, note, auto_renew)
+    return await _wait(request, validation.timeout_seconds(timeout))
+
+
+async def atry_acquire(
+    name: str,
+    *,
+    ttl: float | timedelta | None = None,
+    holder: str | None = None,
+    using: str | None = None,
+    note: str = "",
+    auto_renew: bool = False,
+) -> Lease | None:
+    """Make one attempt at ``name`` off the event loop; the lease, or ``None`` if it is held.
+
+    Example::
+
+        lease = await locks.atry_acquire("reports:nightly", ttl=600)
+        if lease is None:
+            return
+    """
+    return await _attempt(_build(name, ttl, holder, using, note, auto_renew))
+
+
+class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator):
+    """What :func:`alock` returns: an async context manager (and decorator) holding a lease."""
+
+    def __init__(self, request: _Request, timeout: float | None, fixed_holder: bool) -> None:
+        self._request = request
+        self._timeout = timeout
+        self._fixed_holder = fixed_holder
+        self._lease: Lease | None = None
+
+    def _recreate_cm(self) -> AsyncLockContext:
+        # Used as a decorator, each call gets its own lease (and its own task's holder).
+        return AsyncLockContext(self._request, self._timeout, self._fixed_holder)
+
+    async def __aenter__(self) -> Lease:
+        request = self._request
+        if not self._fixed_holder:
+            # The holder is that of the task entering the block, not of the one that built it.
+            request = _Request.build(
+                request.name,
+                request.ttl,
+                task_holder(),
+                request.using,
+                request.note,
+                request.auto_renew,
+            )
+        self._lease = await _wait(request, self._timeout)
+        return self._lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None and lease._state != RELEASED:
+            # Shielded: a cancelled block still releases (the thread would finish it anyway).
+            await asyncio.shield(run_sync(_end, lease, exc_type is not None))
+
+
+def alock(
+    name: str,
+    *,
+    ttl: float | timedelta | None = None,
+    timeout: float | timedelta | None = None,
+    holder: str | None = None,
+    using: str | None = None,
+    note: str = "",
+    auto_renew: bool = False,
+) -> AsyncLockContext:
+    """Hold the lease on ``name`` for an ``async with`` block (or a decorated coroutine).
+
+    The async twin of :func:`locks.lock`: arguments are checked here, before any query;
+    the lease is released when the block ends, also when it raises or is cancelled, and
+    ``LockLost`` is raised at the end if the lease was lost meanwhile.
+
+    Example::
+
+        async with locks.alock("orders:42", ttl=30, timeout=5) as lease:
+            await ship(order, fence=lease.token)
+    """
+    request = _build(name, ttl, holder, using, note, auto_renew)
+    return AsyncLockContext(request, validation.timeout_seconds(timeout), holder is not None)
+
+
+__all__ = [
+    "AsyncLockContext",
+    "aacquire",
+    "alock",
+    "atry_acquire",
+    "run_sync",
+    "task_holder",
+]

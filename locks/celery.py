@@ -1,0 +1,361 @@
+"""Celery task de-duplication: ``SingletonTask`` holds a lease per task key from enqueue to end."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Ignore, Retry
+from celery.result import AsyncResult
+from celery.utils import uuid
+from django.db import DatabaseError
+
+from . import leases, validation
+from .conf import conf
+from .exceptions import DuplicateTask, LockBusy, LockLost
+
+__all__ = ["KEY_HEADER", "DuplicateTask", "SingletonTask", "default_key", "fit_key"]
+
+logger = logging.getLogger("locks.celery")
+
+#: Message header that carries the lock key from the producer to the worker and to
+#: retries, so both use the very key the enqueue took (whatever the serializer does).
+KEY_HEADER = "locks_key"
+#: ``note`` of the lock rows SingletonTask writes; marks the holder as a task id.
+NOTE_PREFIX = "celery task "
+ON_DUPLICATE = ("return", "raise")
+# How often apply_async retries when the holder it lost to is gone by the time it looks.
+_DUPLICATE_ATTEMPTS = 3
+_HASHED_PREFIX = validation.MAX_NAME_LENGTH - len(":sha256:") - 64
+
+
+def fit_key(key: str) -> str:
+    """Return ``key`` as a lock name: as it is when it fits, else prefix + SHA-256 digest.
+
+    Example::
+
+        fit_key("tasks.export:" + "x" * 400)  # 'tasks.export:xxx…:sha256:9b1f…' (255 max)
+    """
+    if len(key) <= validation.MAX_NAME_LENGTH:
+        return key
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{key[:_HASHED_PREFIX]}:sha256:{digest}"
+
+
+def _tagged(value: Any) -> Any:
+    """JSON for values JSON has no type for, tagged with the type so types never collide."""
+    kind = f"\x00{type(value).__module__}.{type(value).__qualname__}"
+    if isinstance(value, set | frozenset):
+        # A set's repr has no stable order; the sorted encodings of its members do.
+        return {kind: sorted(json.dumps(item, sort_keys=True, default=_tagged) for item in value)}
+    if inspect.getattr_static(type(value), "__repr__") is object.__repr__:
+        raise TypeError(
+            f"{type(value).__name__} has no stable text form (its repr is its memory address)"
+        )
+    return {kind: repr(value)}
+
+
+def default_key(task_name: str, arguments: Mapping[str, Any] | Sequence[Any]) -> str:
+    """The default lock key of a task run: the task name plus its arguments as JSON.
+
+    The JSON is canonical (sorted keys, no spaces, ASCII only); values JSON cannot hold
+    are tagged with their type; keys longer than 255 characters are hashed (:func:`fit_key`).
+
+    Example::
+
+        default_key("billing.send_invoice", {"invoice_id": 42})
+        # 'billing.send_invoice:{"invoice_id":42}'
+    """
+    try:
+        encoded = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=_tagged)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"cannot build a lock key for task {task_name!r} from its arguments: {exc}; "
+            "give the task a lock_key (a format string or a callable)"
+        ) from exc
+    return fit_key(f"{task_name}:{encoded}")
+
+
+class SingletonTask(Task[..., Any]):
+    """Celery task base class: at most one run per key is queued or running at a time.
+
+    ``delay()``/``apply_async()`` take a lease on the task's key with the new task id as
+    holder. While that run is queued or running, another call with the same key enqueues
+    nothing: it returns the ``AsyncResult`` of the queued run (``on_duplicate="return"``)
+    or raises :class:`~locks.DuplicateTask` (``on_duplicate="raise"``). The worker
+    releases the lease when the run ends (success, failure, final retry failure); a retry
+    keeps it. A worker that dies mid-run leaves the lease to expire after ``lock_ttl``.
+    A worker that receives a duplicate anyway (sent by code that bypassed ``apply_async``)
+    skips it and logs why.
+
+    Options, as task attributes or decorator keywords:
+        lock_ttl: seconds (or timedelta) the lease lasts from enqueue and again from the
+            start of the run; default ``LOCKS["TASK_LOCK_TTL"]`` (an hour).
+        lock_key: ``None`` (task name + arguments), a format string over the task's
+            arguments by position and by name (``"invoice:{invoice_id}"``), or a callable
+            taking the task's arguments and returning the key.
+        on_duplicate: ``"return"`` (default) or ``"raise"``.
+        lock_auto_renew: renew the lease while the run lasts (``lock_ttl`` then only
+            needs to outlast the queue wait and a crash-recovery delay).
+        lock_using: database alias of the lock table (default ``LOCKS["DATABASE"]``).
+
+    Example::
+
+        @shared_task(base=SingletonTask, lock_ttl=600, lock_key="invoice:{invoice_id}")
+        def send_invoice_email(invoice_id): ...
+
+        first = send_invoice_email.delay(42)
+        assert send_invoice_email.delay(42).id == first.id  # not enqueued twice
+    """
+
+    lock_ttl: float | timedelta | None = None
+    lock_key: str | Callable[..., str] | None = None
+    on_duplicate: str = "return"
+    lock_auto_renew: bool = False
+    lock_using: str | None = None
+
+    # --- options --------------------------------------------------------------------------
+
+    def _lock_options(self) -> tuple[float, str, str]:
+        """Validated (ttl, alias, on_duplicate); raises before any query runs."""
+        where = f"task {self.name!r}"
+        try:
+            ttl = conf.TASK_LOCK_TTL if self.lock_ttl is None else self.lock_ttl
+            ttl = validation.ttl_seconds(ttl)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{where}: lock_ttl: {exc}") from None
+        alias = conf.DATABASE if self.lock_using is None else self.lock_using
+        alias = validation.check_alias(alias)
+        if self.on_duplicate not in ON_DUPLICATE:
+            raise ValueError(
+                f"{where}: on_duplicate must be 'return' or 'raise', not {self.on_duplicate!r}"
+            )
+        if not isinstance(self.lock_auto_renew, bool):
+            raise TypeError(f"{where}: lock_auto_renew must be True or False")
+        return ttl, alias, self.on_duplicate
+
+    def lock_name(
+        self, args: Sequence[Any] | None = None, kwargs: Mapping[str, Any] | None = None
+    ) -> str:
+        """The lock key of a run of this task with these arguments.
+
+        Example::
+
+            send_invoice_email.lock_name((42,))  # 'invoice:42'
+        """
+        args, kwargs = tuple(args or ()), dict(kwargs or {})
+        key_option = inspect.getattr_static(self, "lock_key", None)
+        if isinstance(key_option, staticmethod):
+            key_option = key_option.__func__
+        if key_option is None:
+            bound = self._bind(args, kwargs)
+            key = default_key(
+                self.name, dict(bound.arguments) if bound is not None else [list(args), kwargs]
+            )
+        elif isinstance(key_option, str):
+            key = self._format_key(key_option, args, kwargs)
+        elif callable(key_option):
+            key = key_option(*args, **kwargs)
+            if not isinstance(key, str):
+                raise TypeError(
+                    f"lock_key of task {self.name!r} returned {key!r}; it must return a str"
+                )
+        else:
+            raise TypeError(
+                f"lock_key of task {self.name!r} must be None, a format string or a "
+                f"callable, not {key_option!r}"
+            )
+        if "\x00" in key:
+            raise ValueError(f"lock key of task {self.name!r} must not contain NUL: {key!r}")
+        return validation.check_name(fit_key(key))
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> inspect.BoundArguments | None:
+        """The arguments bound to the task's parameters, defaults filled in.
+
+        So ``f(1)``, ``f(x=1)`` and ``f()`` with ``x=1`` as default all make the same key.
+        """
+        try:
+            signature = inspect.signature(self.run)
+        except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+            return None
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            if not self.typing:
+                return None
+            raise TypeError(f"task {self.name!r} called with bad arguments: {exc}") from exc
+        bound.apply_defaults()
+        return bound
+
+    def _format_key(self, template: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        bound = self._bind(args, kwargs)
+        if bound is not None:
+            args, kwargs = bound.args, {**bound.arguments, **bound.kwargs}
+        try:
+            return template.format(*args, **kwargs)
+        except KeyError as exc:
+            problem = f"refers to {exc}, which is not among the arguments {sorted(kwargs)}"
+        except IndexError:
+            problem = f"refers to a position beyond its {len(args)} positional arguments"
+        raise ValueError(f"lock_key {template!r} of task {self.name!r} {problem}")
+
+    # --- enqueue ----------------------------------------------------------------------
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> AsyncResult[Any]:
+        """Enqueue unless a run with the same key is queued or running (see the class).
+
+        Example::
+
+            result = send_invoice_email.apply_async((42,), countdown=10)
+        """
+        ttl, alias, on_duplicate = self._lock_options()
+        if not isinstance(args, list | tuple | None) or not isinstance(kwargs, Mapping | None):
+            raise TypeError(
+                f"task {self.name!r}: args must be a list or tuple and kwargs a dict, "
+                f"not {args!r} and {kwargs!r}"
+            )
+        headers = dict(options.get("headers") or {})
+        key = headers.get(KEY_HEADER) or self.lock_name(args, kwargs)
+        task_id = validation.check_holder(task_id or uuid())
+        for _ in range(_DUPLICATE_ATTEMPTS):
+            lease = leases.try_acquire(key, ttl=ttl, holder=task_id, using=alias, note=self._note())
+            if lease is not None:
+                break
+            holding = self._live_holding(key, alias)
+            if holding is not None:
+                return self._duplicate(key, task_id, holding, on_duplicate)
+        else:
+            raise LockBusy(f"lock {key!r} of task {self.name!r} kept changing hands; try again")
+        options["headers"] = {**headers, KEY_HEADER: key}
+        try:
+            return super().apply_async(
+                None if args is None else tuple(args),
+                None if kwargs is None else dict(kwargs),
+                task_id,
+                producer,
+                link,
+                link_error,
+                shadow,
+                **options,
+            )
+        except BaseException:
+            # Nothing was queued: a lock left behind would block the key until it expires.
+            _release_quietly(lease, f"publishing task {self.name}[{task_id}] failed")
+            raise
+
+    def _note(self) -> str:
+        return (NOTE_PREFIX + self.name)[: validation.MAX_NOTE_LENGTH]
+
+    def _live_holding(self, key: str, alias: str) -> tuple[str, str] | None:
+        return leases._execute(
+            alias, "inspect", key, lambda backend, cursor: backend.live_holding(cursor, key)
+        )
+
+    def _duplicate(
+        self, key: str, task_id: str, holding: tuple[str, str], on_duplicate: str
+    ) -> AsyncResult[Any]:
+        holder, note = holding
+        if not note.startswith(NOTE_PREFIX):
+            raise DuplicateTask(
+                f"lock {key!r} of task {self.name!r} is held by {holder!r}, which is not a "
+                "queued task (another user of the same lock name)",
+                name=key,
+                task_id=None,
+            )
+        if on_duplicate == "raise":
+            raise DuplicateTask(
+                f"task {self.name!r} is already queued or running as {holder} (lock {key!r})",
+                name=key,
+                task_id=holder,
+            )
+        logger.info(
+            "not enqueueing task %s[%s]: lock %r shows %s queued or running",
+            self.name,
+            task_id,
+            key,
+            holder,
+        )
+        return self.AsyncResult(holder)
+
+    # --- run ------------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the task under its lock (in a worker), or as a plain call (called directly)."""
+        request = self.request
+        if request.called_directly or not request.id:
+            return super().__call__(*args, **kwargs)
+        lease = self._enter_run(str(request.id), args, kwargs)
+        retrying = False
+        try:
+            # Not super().__call__: it would push a request without the task id.
+            return self.run(*args, **kwargs)
+        except Retry:
+            retrying = True  # the retry is queued under the same task id: keep the lock
+            raise
+        finally:
+            if not retrying:
+                _release_quietly(lease, f"task {self.name}[{request.id}] ended", entirely=True)
+
+    def _enter_run(
+        self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> leases.Lease:
+        ttl, alias, _ = self._lock_options()
+        key = self._run_key(args, kwargs)
+        lease = leases.try_acquire(
+            key,
+            ttl=ttl,
+            holder=task_id,
+            using=alias,
+            note=self._note(),
+            auto_renew=self.lock_auto_renew,
+        )
+        if lease is None:
+            holding = self._live_holding(key, alias)
+            logger.warning(
+                "skipping task %s[%s]: lock %r is held by %s, so this is a duplicate of a "
+                "queued or running run (sent by code that bypassed apply_async?)",
+                self.name,
+                task_id,
+                key,
+                holding[0] if holding else "another holder",
+            )
+            raise Ignore()
+        return lease
+
+    def _run_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        request = self.request
+        sent = request.get(KEY_HEADER) or (request.headers or {}).get(KEY_HEADER)
+        if isinstance(sent, str):
+            try:
+                return validation.check_name(sent)
+            except ValueError:
+                logger.warning("task %s: ignoring bad lock key header %r", self.name, sent)
+        return self.lock_name(args, kwargs)
+
+
+def _release_quietly(lease: leases.Lease, why: str, *, entirely: bool = False) -> None:
+    """Release without masking the caller's outcome: the lease expires by itself anyway."""
+    try:
+        lease.release(entirely=entirely)
+    except LockLost as exc:
+        logger.warning("%s, but lock %r was no longer its own: %s", why, lease.name, exc)
+    except DatabaseError:
+        logger.exception(
+            "%s, but releasing lock %r failed; it expires at %s", why, lease.name, lease.expires_at
+        )

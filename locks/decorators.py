@@ -1,0 +1,388 @@
+"""View decorator and mixin: one request at a time per lock key, the others get 423 Locked."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import timedelta
+from typing import Any, TypeVar, cast
+
+from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase, StreamingHttpResponse
+from django.shortcuts import render
+
+from . import validation
+from .aio import _wait, run_sync, task_holder
+from .exceptions import LockBusy, LockLost
+from .keys import check_key_template, fit_name, lock_key
+from .leases import Lease, _alias, _end, _execute, _Request
+
+logger = logging.getLogger("locks.decorators")
+V = TypeVar("V", bound=Callable[..., Any])
+KeyType = str | Callable[..., str]
+BusyResponse = Callable[[HttpRequest, str, int], HttpResponseBase]
+
+__all__ = ["LockViewMixin", "ViewLock", "lock_key", "lock_view"]
+
+
+class ViewLock:
+    """The options of one :func:`lock_view` (or :class:`LockViewMixin`) and the code to apply them.
+
+    Example::
+
+        guard = ViewLock("invoice:{pk}", ttl=30)
+        response = guard.run(view, request, (), {"pk": 42})
+    """
+
+    def __init__(
+        self,
+        key: KeyType,
+        *,
+        ttl: float | timedelta | None = None,
+        timeout: float | timedelta | None = 0,
+        using: str | None = None,
+        note: str | None = None,
+        auto_renew: bool = False,
+        status: int = 423,
+        response: BusyResponse | None = None,
+        template_name: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        if not callable(key):
+            check_key_template(key)
+        # Checked now, at import time of the view, not at its first request.
+        _Request.build("x", ttl, "x", using, note or "", auto_renew)
+        self.key = key
+        self.ttl = ttl
+        self.timeout = validation.timeout_seconds(timeout)
+        self.using = using
+        self.note = None if note is None else validation.check_note(note)
+        self.auto_renew = auto_renew
+        self.status = _check_status(status)
+        if response is not None and not callable(response):
+            raise TypeError(f"lock_view response must be a callable, not {response!r}")
+        self.response = response
+        self.template_name = template_name
+        self.retry_after = _check_retry_after(retry_after)
+
+    def name_for(self, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The lock name for one request."""
+        if callable(self.key):
+            name = self.key(request, *args, **kwargs)
+            if not isinstance(name, str):
+                raise TypeError(f"lock_view key callable returned {name!r}, not a str")
+            return validation.check_name(fit_name(name))
+        return lock_key(self.key, *args, **{**kwargs, "request": request})
+
+    def _request(self, name: str, holder: str, request: HttpRequest, view: Any) -> _Request:
+        note = self.note
+        if note is None:
+            owner = getattr(view, "__self__", None)  # a class-based view's bound dispatch
+            what = type(owner).__qualname__ if owner is not None else _label(view)
+            note = f"{what} {request.method} {request.path}".replace("\x00", "")
+        note = note[: validation.MAX_NOTE_LENGTH]
+        return _Request.build(name, self.ttl, holder, self.using, note, self.auto_renew)
+
+    # --- synchronous views -------------------------------------------------------------
+
+    def run(
+        self, view: Callable[..., Any], request: HttpRequest, args: Any, kwargs: Any
+    ) -> HttpResponseBase:
+        """Run a synchronous view under the lease, or answer busy."""
+        _refuse_event_loop(view)
+        name = self.name_for(request, args, kwargs)
+        attempt = self._request(name, _thread_holder(), request, view)
+        try:
+            lease = attempt.wait(self.timeout)
+        except LockBusy:
+            return self._busy(request, name, self._retry_after(name))
+        request.lock_lease = lease  # type: ignore[attr-defined]
+        try:
+            response = view(request, *args, **kwargs)
+            if callable(getattr(response, "render", None)) and not response.is_rendered:
+                # Rendered under the lease: a failing template must not leave it behind.
+                response = response.render()
+        except BaseException:
+            _end(lease, True)
+            raise
+        return _hand_over(lease, response)
+
+    def _retry_after(self, name: str) -> int:
+        if self.retry_after is not None:
+            return self.retry_after
+        alias = _alias(self.using)
+        left = _execute(alias, "inspect", name, lambda backend, c: backend.remaining(c, name))
+        return max(1, math.ceil(left or 0))
+
+    def _busy(self, request: HttpRequest, name: str, retry_after: int) -> HttpResponseBase:
+        logger.info("lock_view: lock %r is busy; answering %s", name, self.status)
+        if self.response is not None:
+            response = self.response(request, name, retry_after)
+        elif self.template_name is not None:
+            context = {"lock_name": name, "retry_after": retry_after}
+            response = render(request, self.template_name, context, status=self.status)
+        else:
+            response = HttpResponse(
+                f"This resource is busy with another request; retry after {retry_after} seconds.\n",
+                status=self.status,
+                content_type="text/plain; charset=utf-8",
+            )
+        if not response.has_header("Retry-After"):
+            response["Retry-After"] = str(retry_after)
+        return response
+
+    # --- asynchronous views ------------------------------------------------------------
+
+    async def arun(
+        self, view: Callable[..., Any], request: HttpRequest, args: Any, kwargs: Any
+    ) -> HttpResponseBase:
+        """Run an ``async def`` view under the lease, or answer busy, off the event loop."""
+        name = self.name_for(request, args, kwargs)
+        attempt = self._request(name, task_holder(), request, view)
+        try:
+            lease = await _wait(attempt, self.timeout)
+        except LockBusy:
+            retry_after = await run_sync(self._retry_after, name)
+            return await sync_to_async(self._busy)(request, name, retry_after)
+        request.lock_lease = lease  # type: ignore[attr-defined]
+        try:
+            response = await view(request, *args, **kwargs)
+            if callable(getattr(response, "render", None)) and not response.is_rendered:
+                response = await sync_to_async(response.render)()
+        except BaseException:
+            await asyncio.shield(run_sync(_end, lease, True))
+            raise
+        if response.streaming:
+            return _hand_over(lease, response)
+        await asyncio.shield(run_sync(_end, lease, False))
+        return cast(HttpResponseBase, response)
+
+
+def _check_status(status: Any) -> int:
+    if isinstance(status, bool) or not isinstance(status, int):
+        raise TypeError(f"lock_view status must be an int, not {status!r}")
+    if not 400 <= status < 600:
+        raise ValueError(f"lock_view status must be an HTTP error status (4xx/5xx), not {status}")
+    return int(status)
+
+
+def _check_retry_after(retry_after: Any) -> int | None:
+    if retry_after is None:
+        return None
+    if isinstance(retry_after, bool) or not isinstance(retry_after, int):
+        raise TypeError(f"lock_view retry_after must be an int (seconds), not {retry_after!r}")
+    if retry_after < 0:
+        raise ValueError(f"lock_view retry_after must not be negative: {retry_after}")
+    return int(retry_after)
+
+
+def _label(view: Any) -> str:
+    return str(getattr(view, "__qualname__", None) or type(view).__qualname__)
+
+
+def _thread_holder() -> str:
+    from .identity import default_holder
+
+    return default_holder()
+
+
+def _refuse_event_loop(view: Any) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise TypeError(
+        f"lock_view: {_label(view)!r} is synchronous but runs inside an "
+        "event loop (e.g. method_decorator on dispatch() of an async class-based view); use "
+        "LockViewMixin, or decorate the async handler (get, post) itself"
+    )
+
+
+def _hand_over(lease: Lease, response: Any) -> HttpResponseBase:
+    """Release now, or for a streaming response once its content is sent or it is closed."""
+    if not getattr(response, "streaming", False):
+        _end(lease, False)
+        return cast(HttpResponseBase, response)
+    streaming = cast(StreamingHttpResponse, response)
+    release = _StreamRelease(lease)
+    content = streaming.streaming_content
+    # Django registers the wrapper's close() with the response, and servers close every
+    # response at its end: the lease is released even if the content is never iterated.
+    if streaming.is_async:
+        streaming.streaming_content = _AsyncStream(cast(AsyncIterator[bytes], content), release)
+    else:
+        streaming.streaming_content = _SyncStream(cast(Iterator[bytes], content), release)
+    return streaming
+
+
+class _StreamRelease:
+    def __init__(self, lease: Lease) -> None:
+        self._lease: Lease | None = lease
+        self._mutex = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._mutex:
+            lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        try:
+            lease.release()
+        except LockLost:
+            # The response is already on its way: all we can do is say so.
+            logger.error("lock %r was lost before its streaming response ended", lease.name)
+
+
+class _SyncStream:
+    def __init__(self, content: Iterator[bytes], release: _StreamRelease) -> None:
+        self._content = content
+        self._release = release
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._content
+        finally:
+            self._release()
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._content, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._release()
+
+
+class _AsyncStream:
+    def __init__(self, content: AsyncIterator[bytes], release: _StreamRelease) -> None:
+        self._content = content
+        self._release = release
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for part in self._content:
+                yield part
+        finally:
+            await asyncio.shield(run_sync(self._release))
+
+    def close(self) -> None:
+        # Django calls close() from a worker thread (ASGI) or the WSGI thread.
+        self._release()
+
+
+def lock_view(
+    key: KeyType,
+    *,
+    ttl: float | timedelta | None = None,
+    timeout: float | timedelta | None = 0,
+    using: str | None = None,
+    note: str | None = None,
+    auto_renew: bool = False,
+    status: int = 423,
+    response: BusyResponse | None = None,
+    template_name: str | None = None,
+    retry_after: int | None = None,
+) -> Callable[[V], V]:
+    """Run the view under the lease ``key``; while another request holds it, answer 423.
+
+    ``key`` is a template filled from the URL kwargs and ``request`` (each value encoded,
+    see :func:`lock_key`; over-long keys are hashed), or a callable
+    ``(request, *args, **kwargs) -> str``. The lease is released when the view returns or
+    raises; for a streaming response, once the content is sent. The busy answer has status
+    ``status`` and a ``Retry-After`` header (``retry_after`` seconds; by default until the
+    holder's lease expires by the database clock); ``template_name`` renders a template
+    with ``lock_name`` and ``retry_after``, ``response(request, name, retry_after)`` builds
+    any response. Works on ``def`` and ``async def`` views. The view finds its lease in
+    ``request.lock_lease``.
+
+    Example::
+
+        @lock_view("invoice:{pk}", ttl=30)
+        def send_invoice(request, pk): ...
+
+        @lock_view("user:{request.user.pk}", status=409, template_name="busy.html")
+        async def export(request): ...
+    """
+    guard = ViewLock(
+        key,
+        ttl=ttl,
+        timeout=timeout,
+        using=using,
+        note=note,
+        auto_renew=auto_renew,
+        status=status,
+        response=response,
+        template_name=template_name,
+        retry_after=retry_after,
+    )
+
+    def decorate(view: V) -> V:
+        if iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+                return await guard.arun(view, request, args, kwargs)
+
+            return cast(V, async_wrapper)
+
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            return guard.run(view, request, args, kwargs)
+
+        return cast(V, wrapper)
+
+    return decorate
+
+
+class LockViewMixin:
+    """Class-based view mixin: ``dispatch`` runs under the lease ``lock_key``.
+
+    Options are class attributes named like :func:`lock_view`'s arguments with a
+    ``lock_`` prefix (``lock_response`` is a method ``(self, request, name, retry_after)``);
+    override :meth:`get_view_lock` to decide per request. Works for sync and async views.
+
+    Example::
+
+        class InvoiceView(LockViewMixin, UpdateView):
+            lock_key = "invoice:{pk}"
+            lock_ttl = 30
+    """
+
+    lock_key: KeyType | None = None
+    lock_ttl: float | timedelta | None = None
+    lock_timeout: float | timedelta | None = 0
+    lock_using: str | None = None
+    lock_note: str | None = None
+    lock_auto_renew = False
+    lock_status = 423
+    lock_response: BusyResponse | None = None
+    lock_template_name: str | None = None
+    lock_retry_after: int | None = None
+
+    def get_view_lock(self) -> ViewLock:
+        """The :class:`ViewLock` this view uses (built from the ``lock_*`` attributes)."""
+        if self.lock_key is None:
+            raise TypeError(f"{type(self).__name__} needs a lock_key (LockViewMixin)")
+        return ViewLock(
+            self.lock_key,
+            ttl=self.lock_ttl,
+            timeout=self.lock_timeout,
+            using=self.lock_using,
+            note=self.lock_note,
+            auto_renew=self.lock_auto_renew,
+            status=self.lock_status,
+            response=self.lock_response,
+            template_name=self.lock_template_name,
+            retry_after=self.lock_retry_after,
+        )
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        guard = self.get_view_lock()
+        handler = super().dispatch  # type: ignore[misc]
+        if getattr(self, "view_is_async", False):
+            return guard.arun(handler, request, args, kwargs)
+        return guard.run(handler, request, args, kwargs)

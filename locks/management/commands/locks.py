@@ -1,0 +1,174 @@
+"""``manage.py locks list|break|reap``: look at lock rows, break locks, delete expired rows.
+
+Exit codes: 0 done; 1 some names were unknown (or not broken), or the prompt was declined;
+2 bad usage (bad arguments, or no way to confirm a break).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from locks import validation
+from locks.conf import conf
+from locks.leases import break_lock, reap_expired
+from locks.models import DatabaseNow, Lock
+
+USAGE = 2
+PARTIAL = 1
+COLUMNS = ("NAME", "HOLDER", "COUNT", "TOKEN", "ACQUIRED (UTC)", "EXPIRES IN", "STATE")
+
+
+def _rows(alias: str, names: list[str] | None = None, state: str = "held") -> list[dict[str, Any]]:
+    """Lock rows with their time left by the database clock, newest first."""
+    # Two grants in one millisecond (SQLite's clock) tie: the later token is the newer.
+    newest_first = ("-acquired_at", "-token")
+    queryset = Lock.objects.using(alias).annotate(db_now=DatabaseNow()).order_by(*newest_first)
+    if names is not None:
+        queryset = queryset.filter(name__in=names)
+    elif state == "held":
+        queryset = queryset.held()
+    elif state == "expired":
+        queryset = queryset.expired()
+    rows = []
+    for lock in queryset:
+        left = (lock.expires_at - lock.db_now).total_seconds()  # type: ignore[attr-defined]
+        rows.append(
+            {
+                "name": lock.name,
+                "holder": lock.holder,
+                "count": lock.count,
+                "token": lock.token,
+                "acquired_at": lock.acquired_at.isoformat(),
+                "expires_at": lock.expires_at.isoformat(),
+                "expires_in": round(left, 3),
+                "state": "held" if left > 0 else "expired",
+                "note": lock.note,
+            }
+        )
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cells = [
+        (
+            row["name"],
+            row["holder"],
+            str(row["count"]),
+            str(row["token"]),
+            row["acquired_at"][:23].replace("T", " "),
+            f"{row['expires_in']:.1f} s",
+            row["state"],
+        )
+        for row in rows
+    ]
+    widths = [max(len(c[i]) for c in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
+    right = {2, 3, 5}  # numbers line up on the right
+    lines = [
+        "  ".join(
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
+        for line in [COLUMNS, *cells]
+    ]
+    return "\n".join(lines)
+
+
+class Command(BaseCommand):
+    help = "List locks, break locks by name, or delete expired lock rows."
+    stealth_options = ("stdin",)
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+        listing = commands.add_parser("list", help="show held locks (a table, or --json)")
+        listing.add_argument("--expired", action="store_true", help="show only expired rows")
+        listing.add_argument("--all", action="store_true", help="show held and expired rows")
+        listing.add_argument("--json", action="store_true", help="print JSON, not a table")
+        breaking = commands.add_parser("break", help="break locks: their holders lose them")
+        breaking.add_argument("names", nargs="+", metavar="NAME", help="lock names")
+        breaking.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        reaping = commands.add_parser("reap", help="delete expired lock rows in batches")
+        reaping.add_argument("--batch-size", type=int, default=None, help="rows per statement")
+        for sub in (listing, breaking, reaping):
+            sub.add_argument(
+                "--database", default=None, help="database alias (default: LOCKS['DATABASE'])"
+            )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            alias = conf.DATABASE if options["database"] is None else options["database"]
+            alias = validation.check_alias(alias)
+        except (TypeError, ValueError) as exc:
+            raise CommandError(str(exc), returncode=USAGE) from exc
+        subcommand = options["subcommand"]
+        if subcommand == "list":
+            self._list(alias, options)
+        elif subcommand == "break":
+            self._break(alias, options["names"], options["yes"], options.get("stdin") or sys.stdin)
+        else:
+            self._reap(alias, options["batch_size"])
+
+    def _list(self, alias: str, options: dict[str, Any]) -> None:
+        if options["expired"] and options["all"]:
+            raise CommandError("use --expired or --all, not both", returncode=USAGE)
+        state = "all" if options["all"] else "expired" if options["expired"] else "held"
+        rows = _rows(alias, state=state)
+        if options["json"]:
+            self.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False))
+        elif rows:
+            self.stdout.write(_table(rows))
+        else:
+            self.stdout.write(
+                {"held": "No held locks.", "expired": "No expired locks."}.get(state, "No locks.")
+            )
+
+    def _break(self, alias: str, names: list[str], yes: bool, stdin: TextIO) -> None:
+        try:
+            names = list(dict.fromkeys(validation.check_name(name) for name in names))
+        except (TypeError, ValueError) as exc:
+            raise CommandError(f"{exc}; no lock was broken", returncode=USAGE) from exc
+        rows = _rows(alias, names)
+        if rows and not yes:
+            self._confirm(rows, stdin)
+        found = {row["name"]: row for row in rows}
+        missed = [name for name in names if name not in found]
+        for name, row in found.items():
+            # After a prompt, break only the holdings that were shown (by token).
+            if break_lock(name, using=alias, token=None if yes else row["token"]):
+                self.stdout.write(
+                    f"Broke lock {name!r} (holder {row['holder']!r}, token {row['token']})."
+                )
+            else:
+                self.stderr.write(f"Lock {name!r} was released or taken again meanwhile.")
+                missed.append(name)
+        unknown = [name for name in missed if name not in found]
+        if unknown:
+            self.stderr.write(f"Unknown lock name(s): {', '.join(map(repr, unknown))}.")
+        if missed:
+            raise CommandError(
+                f"{len(missed)} of {len(names)} lock(s) not broken: {', '.join(map(repr, missed))}",
+                returncode=PARTIAL,
+            )
+
+    def _confirm(self, rows: list[dict[str, Any]], stdin: TextIO) -> None:
+        if not stdin.isatty():
+            raise CommandError(
+                "breaking locks needs a confirmation and standard input is not a terminal: "
+                "pass --yes to break without asking; no lock was broken",
+                returncode=USAGE,
+            )
+        self.stdout.write(_table(rows))
+        self.stdout.write(f"Break {len(rows)} lock(s)? Their holders lose them. [y/N] ", ending="")
+        self.stdout.flush()
+        if stdin.readline().strip().lower() not in {"y", "yes"}:
+            raise CommandError("aborted: no lock was broken", returncode=PARTIAL)
+
+    def _reap(self, alias: str, batch_size: Any) -> None:
+        try:
+            deleted = reap_expired(batch_size, using=alias)
+        except (TypeError, ValueError) as exc:
+            raise CommandError(str(exc), returncode=USAGE) from exc
+        self.stdout.write(f"Reaped {deleted} expired lock(s).")

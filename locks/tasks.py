@@ -1,0 +1,114 @@
+"""Celery tasks of the locks app: the reaper, registered as ``locks.reap_expired``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from celery import shared_task
+
+from . import leases, validation
+from .conf import conf
+
+logger = logging.getLogger("locks.tasks")
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    """What one reaper run did: rows deleted, batches run, and how long they took.
+
+    Example::
+
+        report = reap(batch_size=1000, time_budget=30)
+        report.deleted, report.batches, report.longest_batch
+    """
+
+    deleted: int
+    batches: int
+    longest_batch: float
+    elapsed: float
+    database: str
+    finished: bool  # False when the time budget ran out with expired rows possibly left
+
+
+def reap(
+    batch_size: int | None = None,
+    *,
+    using: str | None = None,
+    time_budget: float | timedelta | None = None,
+) -> ReapReport:
+    """Delete expired lock rows batch by batch until none are left or the budget is spent.
+
+    ``batch_size`` defaults to ``LOCKS["REAP_BATCH_SIZE"]`` and ``time_budget`` (seconds)
+    to ``LOCKS["REAP_TIME_BUDGET"]``. Each batch is one conditional DELETE judged by the
+    database clock, as in :func:`locks.reap_expired`, so a lease renewed a moment ago
+    survives. On SQLite, where waiting writers poll, it pauses after each batch as long as
+    the batch took.
+    Arguments are checked before any query.
+
+    Example::
+
+        report = reap(batch_size=500, time_budget=10)
+        print(f"{report.deleted} rows in {report.batches} batches")
+    """
+    size = validation.check_batch_size(conf.REAP_BATCH_SIZE if batch_size is None else batch_size)
+    budget = conf.REAP_TIME_BUDGET if time_budget is None else time_budget
+    budget = validation.timeout_seconds(budget)
+    alias = conf.DATABASE if using is None else validation.check_alias(using)
+    started = time.monotonic()
+    deadline = None if budget is None else started + budget
+    deleted = batches = 0
+    longest = 0.0
+    while True:
+        batch_started = time.monotonic()
+        # One batch at a time (what locks.reap_expired loops over), timed: the longest
+        # batch is about how long an acquire may wait for the reaper.
+        count, writers_poll = leases._execute(
+            alias,
+            "reap",
+            "*",
+            lambda backend, cursor: (backend.reap(cursor, size), backend.writers_poll),
+        )
+        took = time.monotonic() - batch_started
+        longest = max(longest, took)
+        deleted += count
+        batches += 1
+        finished = count < size
+        pause = took if writers_poll else 0.0
+        if finished or (deadline is not None and time.monotonic() + pause >= deadline):
+            break
+        # Where waiting writers poll rather than queue (SQLite), leave the database to them
+        # as long as the batch held it, or an acquire could wait through many batches.
+        time.sleep(pause)
+    return ReapReport(deleted, batches, longest, time.monotonic() - started, alias, finished)
+
+
+@shared_task(name="locks.reap_expired", ignore_result=False)
+def reap_expired(
+    batch_size: int | None = None, time_budget: float | None = None, using: str | None = None
+) -> int:
+    """Celery task ``locks.reap_expired``: delete expired lock rows; return how many went.
+
+    Schedule it with Celery beat (exactly one beat process); two runs at the same time are
+    safe, each batch deletes only rows that are expired at that moment.
+
+    Example::
+
+        CELERY_BEAT_SCHEDULE = {
+            "locks-reap-expired": {"task": "locks.reap_expired", "schedule": 60.0},
+        }
+    """
+    report = reap(batch_size, using=using, time_budget=time_budget)
+    logger.log(
+        logging.INFO if report.finished else logging.WARNING,
+        "reaped %d expired locks on database %r in %d batches, %.3f s (longest batch %.3f s)%s",
+        report.deleted,
+        report.database,
+        report.batches,
+        report.elapsed,
+        report.longest_batch,
+        "" if report.finished else "; time budget spent, expired rows may be left",
+    )
+    return report.deleted

@@ -1,0 +1,102 @@
+"""De-duplicated Celery tasks that the tests run on real workers; each run leaves a CeleryRun row.
+
+A task that takes a ``gate`` (a file path) keeps running until the test creates that file,
+so the test decides how long a run stays queued or running.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import shared_task
+
+from locks.celery import SingletonTask
+
+GATE_TIMEOUT = 120.0
+
+
+def _record(task: Any, label: str) -> Any:
+    from tests.app.models import CeleryRun
+
+    return CeleryRun.objects.create(
+        label=label, task_id=task.request.id, pid=os.getpid(), retries=task.request.retries
+    )
+
+
+def _wait_for(gate: str) -> None:
+    deadline = time.monotonic() + GATE_TIMEOUT
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} was never opened")
+        time.sleep(0.02)
+
+
+@shared_task(bind=True, base=SingletonTask, name="tests.record")
+def record(self: SingletonTask, label: str, gate: str = "") -> str:
+    """Record a run, wait for the gate, mark the run finished."""
+    run = _record(self, label)
+    if gate:
+        _wait_for(gate)
+    run.finished = True
+    run.save(update_fields=["finished"])
+    return label
+
+
+@shared_task(bind=True, base=SingletonTask, name="tests.fail")
+def fail(self: SingletonTask, label: str) -> None:
+    """Record a run, then raise."""
+    _record(self, label)
+    raise RuntimeError(f"task {label} failed on purpose")
+
+
+@shared_task(
+    bind=True,
+    base=SingletonTask,
+    name="tests.retry_then_fail",
+    max_retries=2,
+    default_retry_delay=2,
+)
+def retry_then_fail(self: SingletonTask, label: str) -> None:
+    """Record a run and ask for a retry, until the retries run out."""
+    _record(self, label)
+    raise self.retry(exc=RuntimeError(f"task {label} gave up"))
+
+
+@shared_task(bind=True, base=SingletonTask, name="tests.hang", lock_ttl=2.0)
+def hang(self: SingletonTask, label: str, gate: str) -> None:
+    """Record a run and wait for the gate (the test kills the worker process meanwhile)."""
+    _record(self, label)
+    _wait_for(gate)
+
+
+@shared_task(
+    bind=True,
+    base=SingletonTask,
+    name="tests.record_or_raise",
+    on_duplicate="raise",
+    lock_key="report:{report_id}",
+)
+def record_or_raise(self: SingletonTask, report_id: int, gate: str = "") -> None:
+    """Like ``record``, keyed by report id only, raising on duplicates."""
+    run = _record(self, f"report:{report_id}")
+    if gate:
+        _wait_for(gate)
+    run.finished = True
+    run.save(update_fields=["finished"])
+
+
+@shared_task(
+    bind=True,
+    base=SingletonTask,
+    name="tests.record_renewed",
+    lock_ttl=2.0,
+    lock_auto_renew=True,
+)
+def record_renewed(self: SingletonTask, label: str, gate: str) -> None:
+    """Like ``record``, with a 2 s lock that the run keeps renewing."""
+    run = _record(self, label)
+    _wait_for(gate)
+    run.finished = True
+    run.save(update_fields=["finished"])

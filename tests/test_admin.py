@@ -1,0 +1,175 @@
+"""The Lock admin: read-only list by the database clock, break (with permission) and reap."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+import locks
+from locks.models import Lock
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHANGELIST = "/admin/locks/lock/"
+
+
+def staff(username: str, *perms: str) -> Client:
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=perms))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def superuser() -> Client:
+    User.objects.create_superuser("root", password="pw")
+    client = Client()
+    client.login(username="root", password="pw")
+    return client
+
+
+def cells(html: str, column: str) -> list[str]:
+    pattern = rf'<t[dh] class="field-{column}"[^>]*>(?:<a [^>]*>)?(.*?)(?:</a>)?</t[dh]>'
+    return re.findall(pattern, html)
+
+
+def expired(name: str, holder: str) -> locks.Lease:
+    lease = locks.acquire(name, ttl=0.05, holder=holder)
+    time.sleep(0.2)
+    return lease
+
+
+def test_list_shows_holder_count_token_and_time_left_by_the_database_clock(
+    superuser: Client,
+) -> None:
+    old = expired("jobs:old", "worker-old")
+    live = locks.acquire("jobs:live", ttl=30, holder="worker-live")
+    locks.acquire("jobs:live", ttl=30, holder="worker-live")  # re-entry: count 2
+    html = superuser.get(CHANGELIST).content.decode()
+
+    assert cells(html, "name") == ["jobs:live", "jobs:old"]  # newest first
+    assert cells(html, "holder") == ["worker-live", "worker-old"]
+    assert cells(html, "count") == ["2", "1"]
+    assert cells(html, "token") == [str(live.token), str(old.token)]
+    assert cells(html, "state") == ["held", "expired"]
+    left = [float(v) for v in cells(html, "expires_in")]
+    assert 0 < left[0] <= 30 and left[1] < 0
+
+
+def test_filter_by_state_and_search_by_name_and_holder(superuser: Client) -> None:
+    expired("jobs:old", "worker-old")
+    locks.acquire("jobs:live", ttl=30, holder="worker-live")
+    assert cells(superuser.get(CHANGELIST + "?state=held").content.decode(), "name") == [
+        "jobs:live"
+    ]
+    assert cells(superuser.get(CHANGELIST + "?state=expired").content.decode(), "name") == [
+        "jobs:old"
+    ]
+    assert cells(superuser.get(CHANGELIST + "?q=worker-old").content.decode(), "name") == [
+        "jobs:old"
+    ]
+    assert cells(superuser.get(CHANGELIST + "?q=live").content.decode(), "name") == ["jobs:live"]
+
+
+def test_rows_are_read_only_and_cannot_be_added_or_deleted(superuser: Client) -> None:
+    locks.acquire("jobs:ro", ttl=30, holder="worker")
+    assert superuser.get("/admin/locks/lock/add/").status_code == 403
+    change = superuser.get("/admin/locks/lock/jobs:ro/change/")
+    assert change.status_code == 200
+    assert b'name="holder"' not in change.content and b"worker" in change.content
+    assert superuser.post("/admin/locks/lock/jobs:ro/change/", {"holder": "x"}).status_code == 403
+    assert superuser.post("/admin/locks/lock/jobs:ro/delete/", {"post": "yes"}).status_code == 403
+    assert b"delete_selected" not in superuser.get(CHANGELIST).content
+    assert Lock.objects.get(name="jobs:ro").holder == "worker"
+
+
+def action(name: str, *selected: str, **extra: Any) -> dict[str, Any]:
+    return {"action": name, "_selected_action": list(selected), "index": 0, **extra}
+
+
+def test_staff_without_break_permission_sees_no_action_and_gets_403() -> None:
+    lease = locks.acquire("jobs:guarded", ttl=30, holder="worker")
+    viewer = staff("viewer", "view_lock")
+    page = viewer.get(CHANGELIST)
+    assert page.status_code == 200 and b"jobs:guarded" in page.content
+    assert b"break_locks" not in page.content and b"reap_expired" not in page.content
+
+    for name in ("break_locks", "reap_expired"):
+        assert viewer.post(CHANGELIST, action(name, "jobs:guarded")).status_code == 403
+    confirm = {"post": "yes", "holding": f"{lease.token} jobs:guarded"}
+    forged = viewer.post(CHANGELIST, action("break_locks", "jobs:guarded", **confirm))
+    assert forged.status_code == 403
+    assert Lock.objects.filter(name="jobs:guarded", token=lease.token).exists()
+    assert not LogEntry.objects.exists()
+    lease.release()
+
+
+def test_break_asks_for_confirmation_then_breaks_and_logs_holder_and_token() -> None:
+    lease = locks.acquire("jobs:stuck", ttl=30, holder="worker-stuck")
+    breaker = staff("breaker", "view_lock", "break_lock")
+    assert b"break_locks" in breaker.get(CHANGELIST).content
+
+    page = breaker.post(CHANGELIST, action("break_locks", "jobs:stuck"))
+    assert page.status_code == 200
+    assert "admin/locks/lock/break_confirmation.html" in [t.name for t in page.templates]
+    html = page.content.decode()
+    assert "worker-stuck" in html and f'value="{lease.token} jobs:stuck"' in html
+    assert locks.is_locked("jobs:stuck"), "nothing is broken before the confirmation"
+
+    confirm = {"post": "yes", "holding": f"{lease.token} jobs:stuck"}
+    done = breaker.post(CHANGELIST, action("break_locks", "jobs:stuck", **confirm), follow=True)
+    assert b"Broke 1 lock(s): jobs:stuck" in done.content
+    assert not Lock.objects.filter(name="jobs:stuck").exists()
+    entry = LogEntry.objects.get()
+    assert (entry.action_flag, entry.object_id) == (DELETION, "jobs:stuck")
+    assert "worker-stuck" in entry.change_message and str(lease.token) in entry.change_message
+    assert entry.user_id == User.objects.get(username="breaker").pk
+    with pytest.raises(locks.LockLost):
+        lease.renew()
+    with pytest.raises(locks.LockLost):
+        lease.release()
+
+
+def test_a_stale_confirmation_does_not_break_a_lock_taken_again() -> None:
+    first = locks.acquire("jobs:again", ttl=30, holder="worker-1")
+    breaker = staff("breaker", "view_lock", "break_lock")
+    breaker.post(CHANGELIST, action("break_locks", "jobs:again"))  # page shows token 1
+    first.release()
+    second = locks.acquire("jobs:again", ttl=30, holder="worker-2")
+
+    confirm = {"post": "yes", "holding": f"{first.token} jobs:again"}
+    done = breaker.post(CHANGELIST, action("break_locks", "jobs:again", **confirm), follow=True)
+    assert b"Left 1 lock(s) alone" in done.content
+    assert Lock.objects.get(name="jobs:again").token == second.token
+    assert not LogEntry.objects.exists()
+    second.release()
+
+
+@pytest.mark.parametrize("holding", ["", "jobs:bad", "x jobs:bad", "-1 jobs:bad", "12"])
+def test_malformed_confirmation_breaks_nothing(holding: str) -> None:
+    lease = locks.acquire("jobs:bad", ttl=30, holder="worker")
+    breaker = staff("breaker", "view_lock", "break_lock")
+    confirm = {"post": "yes", "holding": holding}
+    done = breaker.post(CHANGELIST, action("break_locks", "jobs:bad", **confirm), follow=True)
+    assert done.status_code == 200
+    assert Lock.objects.filter(name="jobs:bad", token=lease.token).exists()
+    assert not LogEntry.objects.exists()
+    lease.release()
+
+
+def test_reap_action_deletes_expired_rows_only() -> None:
+    expired("jobs:old1", "w")
+    expired("jobs:old2", "w")
+    live = locks.acquire("jobs:live", ttl=30, holder="w")
+    breaker = staff("breaker", "view_lock", "break_lock")
+    done = breaker.post(CHANGELIST, action("reap_expired", "jobs:live"), follow=True)
+    assert b"Reaped 2 expired lock(s)." in done.content
+    assert list(Lock.objects.values_list("name", flat=True)) == ["jobs:live"]
+    live.release()

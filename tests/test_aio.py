@@ -1,0 +1,293 @@
+"""The async lease API and async views: tasks exclude each other, the event loop never blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import AsyncClient
+
+import locks
+from locks.aio import run_sync, task_holder
+from locks.identity import default_holder
+from locks.models import Lock
+from tests.conftest import ROOT, finish, spawn, worker_env
+from tests.test_decorators import OTHER, http, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_aacquire_and_arelease() -> None:
+    async def main() -> tuple[locks.Lease, bool]:
+        lease = await locks.aacquire("aio:one", ttl=30, timeout=5)
+        locked = await run_sync(locks.is_locked, "aio:one")
+        await lease.arenew(60)
+        await lease.arelease()
+        return lease, locked
+
+    lease, locked_inside = asyncio.run(main())
+    assert locked_inside and not lease.held
+    assert not locks.is_locked("aio:one")
+
+
+def test_tasks_on_one_loop_exclude_each_other_and_one_task_reenters() -> None:
+    async def main() -> tuple[locks.Lease, locks.Lease | None, locks.Lease | None, bool]:
+        first = await locks.aacquire("aio:tasks", ttl=30)
+        other = await asyncio.create_task(locks.atry_acquire("aio:tasks", ttl=30))
+        again = await locks.atry_acquire("aio:tasks", ttl=30)
+        holders_differ = await asyncio.create_task(_holder()) != task_holder()
+        if again is not None:
+            await again.arelease()
+        await first.arelease()
+        return first, other, again, holders_differ
+
+    first, other, again, holders_differ = asyncio.run(main())
+    assert other is None, "another task on the same loop must not get the lock"
+    assert again is not None and again.token == first.token and again.count == 2
+    assert holders_differ
+    assert task_holder() == default_holder()  # outside a task: the thread's identity
+
+
+async def _holder() -> str:
+    return task_holder()
+
+
+def test_alock_decorated_coroutines_never_overlap() -> None:
+    spans: list[tuple[float, float]] = []
+
+    @locks.alock("aio:decorated", ttl=30, timeout=30)
+    async def critical() -> None:
+        started = time.monotonic()
+        await asyncio.sleep(0.05)
+        spans.append((started, time.monotonic()))
+
+    async def main() -> None:
+        await asyncio.gather(*(critical() for _ in range(5)))
+
+    asyncio.run(main())
+    spans.sort()
+    assert len(spans) == 5
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+    assert not Lock.objects.exists()
+
+
+def test_alock_releases_when_the_block_raises_or_is_cancelled() -> None:
+    async def main() -> bool:
+        with pytest.raises(RuntimeError):
+            async with locks.alock("aio:raise", ttl=30):
+                raise RuntimeError("inside")
+
+        entered = asyncio.Event()
+
+        async def hold_forever() -> None:
+            async with locks.alock("aio:cancel", ttl=30):
+                entered.set()
+                await asyncio.sleep(3600)
+
+        task = asyncio.create_task(hold_forever())
+        await entered.wait()
+        locked = await run_sync(locks.is_locked, "aio:cancel")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return locked
+
+    assert asyncio.run(main()) is True
+    assert not locks.is_locked("aio:raise")
+    assert not locks.is_locked("aio:cancel")
+
+
+def test_a_lease_won_by_a_cancelled_acquire_is_released() -> None:
+    async def main() -> bool:
+        task = asyncio.create_task(locks.aacquire("aio:cancelled", ttl=60))
+        await asyncio.sleep(0)  # the attempt is on its way in a worker thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Let the attempt (and any clean-up it set off) run to its end.
+        while len(asyncio.all_tasks()) > 1:
+            await asyncio.sleep(0.01)
+        return bool(await run_sync(locks.is_locked, "aio:cancelled"))
+
+    assert asyncio.run(main()) is False, "the lease the cancelled task won was left behind"
+
+
+def test_waiting_for_a_busy_lock_does_not_block_the_event_loop() -> None:
+    blocker = locks.acquire("aio:busy", ttl=30, holder=OTHER)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    async def main() -> float:
+        tick_task = asyncio.create_task(ticker())
+        started = time.monotonic()
+        with pytest.raises(locks.LockBusy, match="aio:busy"):
+            await locks.aacquire("aio:busy", ttl=5, timeout=2)
+        tick_task.cancel()
+        return time.monotonic() - started
+
+    try:
+        waited = asyncio.run(main())
+    finally:
+        blocker.release()
+    assert 1.95 <= waited < 60
+    # Every 20 ms, ideally 100 ticks; a loop blocked between attempts ticks once per attempt.
+    assert ticks >= 25
+
+
+def test_broken_lease_raises_lock_lost_on_arenew_and_arelease() -> None:
+    async def main() -> list[str]:
+        lease = await locks.aacquire("aio:broken", ttl=30)
+        await run_sync(locks.break_lock, "aio:broken")
+        outcomes = []
+        for step in (lease.arenew, lease.arelease):
+            try:
+                await step()
+                outcomes.append("ok")
+            except locks.LockLost:
+                outcomes.append("LockLost")
+        return outcomes
+
+    assert asyncio.run(main()) == ["LockLost", "LockLost"]
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda: locks.aacquire("", ttl=5), ValueError),
+        (lambda: locks.aacquire("a", ttl=-1), ValueError),
+        (lambda: locks.aacquire("a", timeout=-1), ValueError),
+        (lambda: locks.atry_acquire(b"a", ttl=5), TypeError),  # type: ignore[arg-type]
+        (lambda: locks.aacquire("a\x00b"), ValueError),
+    ],
+)
+def test_bad_arguments_raise_before_any_query(call: Any, error: type) -> None:
+    with pytest.raises(error):
+        asyncio.run(call())
+    with pytest.raises(ValueError):
+        locks.alock("x", ttl=float("inf"))
+    assert not Lock.objects.exists()
+
+
+# --- async views ------------------------------------------------------------------------------
+
+
+def test_async_view_answers_busy_releases_after_errors_and_streams(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+
+    async def main() -> dict[str, Any]:
+        client = AsyncClient(raise_request_exception=True)
+        seen: dict[str, Any] = {}
+        free = await client.get("/locking/agated/a/")
+        seen["free"] = (free.status_code, json.loads(free.content)["name"])
+        seen["released"] = not await run_sync(locks.is_locked, "gate:a")
+        other = await run_sync(locks.acquire, "gate:a", ttl=30, holder=OTHER)
+        busy = await client.get("/locking/agated/a/")
+        seen["busy"] = (busy.status_code, int(busy["Retry-After"]))
+        await other.arelease()
+        with pytest.raises(RuntimeError, match="boom"):
+            await client.get("/locking/aboom/a/")
+        seen["after_error"] = await run_sync(locks.is_locked, "boom:a")
+        streaming: Any = await client.get(f"/locking/astream/a/?gate={gate}")
+        parts = aiter(streaming.streaming_content)
+        seen["first"] = await anext(parts)
+        seen["mid_stream"] = await run_sync(locks.is_locked, "stream:a")
+        gate.touch()
+        seen["rest"] = [part async for part in parts]
+        seen["after_stream"] = await run_sync(locks.is_locked, "stream:a")
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen["free"] == (200, "gate:a") and seen["released"]
+    assert seen["busy"][0] == 423 and 1 <= seen["busy"][1] <= 30
+    assert seen["after_error"] is False
+    assert (seen["first"], seen["mid_stream"]) == (b"first\n", True)
+    assert (seen["rest"], seen["after_stream"]) == ([b"last\n"], False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def asgi_server() -> Iterator[str]:
+    """uvicorn serving tests/asgi.py on the test databases, in its own OS process."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "uvicorn", "tests.asgi:application"),
+            *("--host", "127.0.0.1", "--port", str(port)),
+            *("--log-level", "warning", "--no-access-log"),
+        ],
+        env=worker_env(),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def up() -> bool:
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            try:
+                return http(f"{url}/locking/ping/", timeout=5)[0] == 200
+            except OSError:
+                return False
+
+        assert wait_until(up, 60), "uvicorn did not start"
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_async_views_on_a_real_asgi_server(asgi_server: str, tmp_path: Path) -> None:
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    url = f"{asgi_server}/locking/agated/job/?gate={gate}&log={log}"
+    workers = [spawn("get", url, module="tests.workers_django") for _ in range(4)]
+    waiter = None
+    try:
+        assert wait_until(lambda: sum(w.poll() is not None for w in workers) >= 3, 120)
+        # This one waits for the lock on the server's event loop (timeout=60 in the view) ...
+        waiting = tmp_path / "waiting"
+        waiter = spawn(
+            "get",
+            f"{asgi_server}/locking/await/job/?waiting={waiting}",
+            module="tests.workers_django",
+        )
+        assert wait_until(waiting.exists, 60)
+        time.sleep(0.3)
+        # ... and the same loop still answers other requests meanwhile.
+        with urllib.request.urlopen(f"{asgi_server}/locking/ping/", timeout=30) as response:
+            assert response.read() == b"pong"
+        assert waiter.poll() is None, "the waiter must still be waiting for the lock"
+    finally:
+        gate.touch()
+    responses = [finish(w)[0] for w in workers]
+    assert waiter is not None
+    waited = finish(waiter)[0]
+
+    assert sorted(r["status"] for r in responses) == [200, 423, 423, 423]
+    assert all(1 <= int(r["retry_after"]) <= 60 for r in responses if r["status"] == 423)
+    assert len(log.read_text().split()) == 1, "exactly one request ran the view"
+    winner = next(json.loads(r["body"]) for r in responses if r["status"] == 200)
+    assert waited["status"] == 200
+    assert json.loads(waited["body"])["token"] > winner["token"]
+    assert wait_until(lambda: not locks.is_locked("gate:job"), 30)

@@ -1,0 +1,146 @@
+"""The benchmark runs end to end (this app and the floor, on the backend under test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.stats import combine, percentile
+from bench.targets import judge
+from tests.conftest import BACKEND, ROOT
+from tests.settings import CHECKOUT
+
+SCENARIOS = "abcde"
+REAP_ROWS = 3000
+
+
+def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m bench.run`` with outputs under ``tmp_path`` and its own databases."""
+    env = {
+        **os.environ,
+        "LOCKS_BENCH_DB_NAME": f"locks_bench_smoke_{CHECKOUT}",
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    outputs = [
+        f"--out={tmp_path / 'benchmark.md'}",
+        f"--json={tmp_path / 'results.json'}",
+        f"--plot={tmp_path / 'contended.png'}",
+    ]
+    return subprocess.run(
+        [sys.executable, "-m", "bench.run", *outputs, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_tiny_run_measures_the_app_and_the_floor_with_no_lost_update(tmp_path: Path) -> None:
+    done = bench(
+        tmp_path,
+        f"--backends={BACKEND}",
+        "--contenders=locks,floor",
+        "--repeat=1",
+        "--duration=0.3",
+        f"--reap-rows={REAP_ROWS}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results: dict[str, Any] = json.loads((tmp_path / "results.json").read_text())
+    app, floor = f"locks/{BACKEND}", f"floor/{BACKEND}"
+    summary = results["summary"]
+    for scenario in SCENARIOS:
+        keys = {app, floor} if scenario != "e" else {app}
+        assert set(summary[scenario]) == keys, scenario
+        for key in keys:
+            figures = summary[scenario][key]
+            assert figures["ops"] > 0, (scenario, key, figures)
+            assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"] < 60_000
+            assert figures["errors"] == {}, (scenario, key, figures["errors"])
+    # One statement per uncontended acquire and one per release (tests/test_statements.py).
+    assert summary["a"][app]["statements_per_op"] == 2.0
+    assert summary["c"][app]["lost_updates"] == 0
+    assert summary["c"][floor]["lost_updates"] == 0
+    assert summary["e"][app]["reaped"] == REAP_ROWS
+    report = (tmp_path / "benchmark.md").read_text()
+    assert "## Targets" in report
+    assert f"| locks ({BACKEND}) |" in report
+    assert "(c) no lost update, any contender | 0 in 2 contenders | met |" in report
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--scenarios=ax"], "unknown --scenarios: x"),
+        (["--backends=oracle"], "unknown --backends: oracle"),
+        (["--contenders=locks,zookeeper"], "unknown --contenders: zookeeper"),
+        (["--repeat=0"], "must be positive"),
+        (["--duration=-1"], "must be positive"),
+    ],
+)
+def test_bad_options_are_refused_before_anything_runs(
+    tmp_path: Path, args: list[str], error: str
+) -> None:
+    done = bench(tmp_path, *args)
+    assert done.returncode == 2
+    assert error in done.stderr
+    assert list(tmp_path.iterdir()) == []  # no report, no results, no plot
+
+
+def test_percentile_is_nearest_rank_in_milliseconds() -> None:
+    values = [n * 1_000_000 for n in range(1, 101)]  # 1..100 ms
+    assert percentile(values, 0.50) == 50.0
+    assert percentile(values, 0.99) == 99.0
+    assert percentile([], 0.99) == 0.0
+
+
+def test_repeats_combine_to_medians_with_losses_and_errors_added_up() -> None:
+    runs = [
+        {"ops_per_s": ops, "p50_ms": 1.0, "p99_ms": p99, "max_ms": p99 * 2, "ops": 10,
+         "statements_per_op": 2.0, "lost_updates": lost, "errors": errors}
+        for ops, p99, lost, errors in [
+            (100.0, 5.0, 0, {}), (300.0, 9.0, 2, {"OperationalError 1213": 1}), (200.0, 7.0, 0, {}),
+        ]
+    ]  # fmt: skip
+    combined = combine(runs)
+    assert combined["ops_per_s"] == 200.0
+    assert combined["p99_ms"] == 7.0
+    assert combined["max_ms"] == 18.0  # the worst repeat, not a median
+    assert combined["lost_updates"] == 2
+    assert combined["errors"] == {"OperationalError 1213": 1}
+
+
+def test_targets_compare_repeat_by_repeat_and_say_by_how_much() -> None:
+    def runs(*ops: float, p99: float = 25.0) -> list[dict[str, Any]]:
+        return [
+            {"repeat": n, "ops_per_s": value, "p50_ms": 1.0, "p99_ms": p99}
+            for n, value in enumerate(ops)
+        ]
+
+    results = {
+        "runs": {
+            # The machine slowed down in repeat 1: both slowed, the ratio held at 0.6.
+            "a": {"locks/postgresql": runs(600, 120), "floor/postgresql": runs(1000, 200)},
+            "c": {"locks/postgresql": runs(500, 500), "pg_advisory/postgresql": runs(400, 600)},
+        },
+        "summary": {"c": {"locks/postgresql": {"p99_ms": 25.0, "lost_updates": 0}}},
+    }
+    verdicts = {target: (measured, verdict) for target, measured, verdict in judge(results)}
+    assert verdicts["(a) postgresql: acquire+release within 1.25x of the floor's time"] == (
+        "1.67x the floor's time per pair",
+        "**MISSED**",
+    )
+    # Ratios 1.25 and 0.83: their median is 1.04.
+    assert verdicts["(c) postgresql: hand-offs/s at least pg_advisory_lock's"] == (
+        "1.04x pg_advisory_lock's",
+        "met",
+    )
+    assert verdicts["(c) postgresql: p99 wait at most 10 ms"][1] == "**MISSED**"
+    assert verdicts["(a) mariadb: at least 3x django-db-mutex's pairs/s"][1] == "n/a (not run)"

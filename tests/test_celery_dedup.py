@@ -1,0 +1,243 @@
+"""SingletonTask on a real ``celery worker`` process, on Redis and on RabbitMQ."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+import locks
+import tests.celery_tasks  # noqa: F401 - registers the test tasks with every app
+from locks.models import Lock
+from tests.app.models import CeleryRun
+from tests.celery_app import make_app
+from tests.celery_support import (
+    BROKERS,
+    CeleryProcess,
+    celery_env,
+    celery_worker,
+    delete_queue,
+    singleton,
+    unique_queue,
+    wait_until,
+)
+from tests.conftest import finish, read_event, spawn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PRODUCERS = 4
+DELAYS_EACH = 5
+
+
+@dataclass
+class Worker:
+    """A running worker and the app the test process enqueues with."""
+
+    broker: str
+    url: str
+    queue: str
+    app: Celery
+    process: CeleryProcess
+
+    def received(self, task: str) -> list[str]:
+        """Ids of the ``task`` messages the worker has received so far, in order."""
+        return re.findall(rf"Task {re.escape(task)}\[([0-9a-f-]+)\] received", self.process.text())
+
+
+@pytest.fixture(scope="module", params=sorted(BROKERS))
+def worker(
+    request: pytest.FixtureRequest,
+    django_db_setup: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Worker]:
+    """One prefork worker (2 processes) per broker, on this run's own queue."""
+    broker = request.param
+    url, queue = BROKERS[broker], unique_queue()
+    app = make_app(url, queue)
+    log = tmp_path_factory.mktemp(f"celery-{broker}") / "worker.log"
+    try:
+        with celery_worker("tests.celery_app", queue, log, celery_env(url, queue)) as process:
+            yield Worker(broker, url, queue, app, process)
+    finally:
+        delete_queue(app, queue)
+
+
+def finished_runs(label: str) -> int:
+    return CeleryRun.objects.filter(label=label, finished=True).count()
+
+
+def drain(worker: Worker, tmp_path: Path) -> None:
+    """Wait until the worker has taken every message sent before now (the queue is FIFO)."""
+    sentinel = singleton(worker.app, "tests.record").delay(f"sentinel-{tmp_path.name}")
+    wait_until(lambda: finished_runs(f"sentinel-{tmp_path.name}"), what="the sentinel task")
+    wait_until(lambda: sentinel.id in worker.received("tests.record"), what="its log line")
+
+
+def test_twenty_concurrent_delays_from_several_processes_run_once(
+    worker: Worker, tmp_path: Path
+) -> None:
+    barrier, gate = tmp_path / "go", tmp_path / "gate"
+    producers = [
+        spawn(
+            "delay",
+            worker.url,
+            worker.queue,
+            "tests.record",
+            DELAYS_EACH,
+            barrier,
+            "same",
+            gate,
+            module="tests.workers_celery",
+        )
+        for _ in range(PRODUCERS)
+    ]
+    for producer in producers:
+        assert read_event(producer)["event"] == "ready"
+    barrier.touch()
+    ids = [task_id for p in producers for e in finish(p, 120) for task_id in e.get("ids", [])]
+
+    # Every call got the AsyncResult of the one queued run: nothing else was published.
+    assert len(ids) == PRODUCERS * DELAYS_EACH
+    assert len(set(ids)) == 1, f"{len(set(ids))} runs were enqueued"
+    run = wait_until(lambda: CeleryRun.objects.filter(label="same").first(), what="the run")
+    assert run.task_id == ids[0]
+    assert locks.is_locked(Lock.objects.get(holder=ids[0]).name)
+    gate.touch()
+    wait_until(lambda: finished_runs("same"), what="the run to finish")
+    wait_until(lambda: not Lock.objects.filter(holder=ids[0]).exists(), what="the release")
+    drain(worker, tmp_path)
+    assert list(CeleryRun.objects.filter(label="same").values_list("task_id", flat=True)) == [
+        ids[0]
+    ]
+    assert ids[0] in worker.received("tests.record")
+    assert not set(ids) - set(worker.received("tests.record"))
+
+
+def test_different_arguments_run_in_parallel(worker: Worker, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    first, second = record.delay("par-a", str(gate)), record.delay("par-b", str(gate))
+    assert first.id != second.id
+    # Both runs started while the gate is still closed: they run at the same time.
+    wait_until(
+        lambda: CeleryRun.objects.filter(label__startswith="par-").count() == 2,
+        what="both runs to start",
+    )
+    assert not CeleryRun.objects.filter(finished=True).exists()
+    assert Lock.objects.filter(holder__in=[first.id, second.id]).count() == 2
+    gate.touch()
+    wait_until(lambda: finished_runs("par-a") + finished_runs("par-b") == 2, what="both")
+    wait_until(lambda: not Lock.objects.exists(), what="both locks to be released")
+
+
+def test_task_that_raises_releases_its_lock(worker: Worker) -> None:
+    fail = singleton(worker.app, "tests.fail")
+    key = fail.lock_name(("boom",))
+    first = fail.delay("boom")
+    wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).exists(), what="the run")
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")
+    # The worker logs the failure after the run (and its release) ended.
+    wait_until(lambda: "failed on purpose" in worker.process.text(), what="the failure log")
+
+    second = fail.delay("boom")
+    assert second.id != first.id
+    wait_until(lambda: CeleryRun.objects.filter(task_id=second.id).exists(), what="a new run")
+
+
+def test_retry_keeps_the_lock_and_the_final_retry_failure_releases_it(worker: Worker) -> None:
+    task = singleton(worker.app, "tests.retry_then_fail")
+    key = task.lock_name(("again",))
+    first = task.delay("again")
+    wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).exists(), what="the run")
+    # Between the attempts the retry is queued under the same task id, holding the lock.
+    assert task.delay("again").id == first.id
+    wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).count() == 3, what="two retries")
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")
+    retries = CeleryRun.objects.filter(label="again").values_list("task_id", "retries")
+    assert sorted(retries) == [(first.id, 0), (first.id, 1), (first.id, 2)]
+    assert task.delay("again").id != first.id
+
+
+def test_worker_killed_mid_task_leaves_a_lock_that_expires_by_its_ttl(
+    worker: Worker, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    hang = singleton(worker.app, "tests.hang")
+    key = hang.lock_name(("doomed", str(gate)))
+    first = hang.delay("doomed", str(gate))
+    run = wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).first(), what="run")
+    os.kill(run.pid, signal.SIGKILL)
+    wait_until(lambda: "SIGKILL" in worker.process.text(), what="the worker to notice")
+
+    # The dead run's lock outlives it and still turns duplicates away ...
+    assert Lock.objects.filter(name=key, holder=first.id).exists()
+    # ... until its TTL (2 s, from the start of the run) runs out.
+    wait_until(lambda: not locks.is_locked(key), timeout=30, what="the lock to expire")
+    second = hang.delay("doomed", str(gate))
+    assert second.id != first.id
+    rerun = wait_until(lambda: CeleryRun.objects.filter(task_id=second.id).first(), what="rerun")
+    assert rerun.pid != run.pid
+    gate.touch()
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")
+
+
+def test_worker_skips_a_duplicate_sent_around_apply_async(worker: Worker, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    key = singleton(worker.app, "tests.record").lock_name(("bypass", str(gate)))
+    # send_task publishes without SingletonTask.apply_async, so no lock is taken for them.
+    sent = [worker.app.send_task("tests.record", ("bypass", str(gate))) for _ in range(2)]
+    wait_until(lambda: "skipping task tests.record" in worker.process.text(), what="a skip")
+    wait_until(lambda: CeleryRun.objects.filter(label="bypass").exists(), what="the run")
+    runs = list(CeleryRun.objects.filter(label="bypass").values_list("task_id", flat=True))
+    assert len(runs) == 1
+    skipped = next(result.id for result in sent if result.id != runs[0])
+    assert f"skipping task tests.record[{skipped}]: lock {key!r} is held by {runs[0]}" in (
+        worker.process.text()
+    )
+    gate.touch()
+    wait_until(lambda: finished_runs("bypass"), what="the run to finish")
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")
+    assert CeleryRun.objects.filter(label="bypass").count() == 1
+
+
+def test_on_duplicate_raise_refuses_and_enqueues_nothing(worker: Worker, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    task = singleton(worker.app, "tests.record_or_raise")
+    first = task.delay(7, str(gate))
+    with pytest.raises(locks.DuplicateTask, match="already queued or running") as caught:
+        task.delay(report_id=7)  # another spelling of the same key: "report:{report_id}"
+    assert caught.value.task_id == first.id
+    assert caught.value.name == "report:7"
+    wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).exists(), what="the run")
+    gate.touch()
+    wait_until(lambda: not Lock.objects.filter(name="report:7").exists(), what="the release")
+    drain(worker, tmp_path)
+    assert worker.received("tests.record_or_raise") == [first.id]
+
+
+def test_auto_renew_keeps_the_lock_of_a_run_that_outlasts_its_ttl(
+    worker: Worker, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    task = singleton(worker.app, "tests.record_renewed")
+    key = task.lock_name(("long", str(gate)))
+    first = task.delay("long", str(gate))
+    wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).exists(), what="the run")
+    granted = Lock.objects.get(name=key)
+    outlived = time.monotonic() + 5.0  # two and a half TTLs of 2 s
+    wait_until(lambda: time.monotonic() > outlived, what="the TTL to pass twice")
+    # The worker's watchdog renewed the lease: still the same holding, still deduplicating.
+    renewed = Lock.objects.get(name=key)
+    assert (renewed.holder, renewed.token) == (first.id, granted.token)
+    assert renewed.expires_at > granted.expires_at
+    assert locks.is_locked(key)
+    assert task.delay("long", str(gate)).id == first.id
+    gate.touch()
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")

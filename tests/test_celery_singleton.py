@@ -1,0 +1,245 @@
+"""SingletonTask without a worker: keys, options, bad input, publish failures, eager runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from celery import Celery
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+from kombu.exceptions import OperationalError
+
+import locks
+import tests.celery_tasks  # noqa: F401 - registers the test tasks with every app
+from locks.celery import KEY_HEADER, SingletonTask, default_key, fit_key
+from locks.models import Lock
+from tests.app.models import CeleryRun
+from tests.celery_app import make_app
+from tests.celery_support import singleton, unique_queue
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OwnQueries = Callable[[], CaptureQueriesContext]
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    """An app on kombu's in-memory transport: messages stay in this process's queue."""
+    app = make_app("memory://", unique_queue())
+    yield app
+    app.close()
+
+
+def queued(app: Celery) -> int:
+    """How many messages wait in the app's queue."""
+    with app.connection_for_write() as connection:
+        channel: Any = connection.default_channel
+        return int(channel.queue_declare(app.conf.task_default_queue).message_count)
+
+
+def make_task(app: Celery, name: str, **options: Any) -> SingletonTask:
+    def body(invoice_id: int, copies: int = 1, *, urgent: bool = False) -> None:
+        """A task body with positional, defaulted and keyword-only arguments."""
+
+    # shared=False: the task belongs to this app only, not to every app made later.
+    decorate: Any = app.task
+    task = decorate(base=SingletonTask, name=name, shared=False, **options)(body)
+    assert isinstance(task, SingletonTask)
+    return task
+
+
+def test_duplicate_delay_returns_the_queued_run_and_publishes_nothing(app: Celery) -> None:
+    task = make_task(app, "t.invoice")
+    first = task.delay(42)
+    assert task.delay(42).id == first.id
+    assert task.apply_async((42,), {"copies": 1}).id == first.id
+    assert task.delay(43).id != first.id
+    assert queued(app) == 2
+    lock = Lock.objects.get(holder=first.id)
+    assert (lock.name, lock.count, lock.note) == (
+        't.invoice:{"copies":1,"invoice_id":42,"urgent":false}',
+        1,
+        "celery task t.invoice",
+    )
+
+
+def test_default_key_is_the_same_however_the_arguments_are_spelled(app: Celery) -> None:
+    task = make_task(app, "t.spelling")
+    key = task.lock_name((7,))
+    assert task.lock_name((7, 1)) == key
+    assert task.lock_name((), {"invoice_id": 7}) == key
+    assert task.lock_name([7], {"copies": 1, "urgent": False}) == key
+    assert task.lock_name((7,), {"urgent": True}) != key
+    assert make_task(app, "t.other").lock_name((7,)) != key
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        (1, "1", 1.0, True, None, [1], {"1": 1}, Decimal("1"), b"1", {1}, frozenset({1})),
+        ("a,b", ["a", "b"], "a\\u002cb"),
+        ({"x": 1, "y": 2}, {"x": 2, "y": 1}, '{"x": 1, "y": 2}'),
+    ],
+)
+def test_default_key_tells_apart_values_that_differ(values: tuple[Any, ...]) -> None:
+    keys = {default_key("t.values", [value]) for value in values}
+    assert len(keys) == len(values)
+
+
+def test_default_key_is_stable_for_sets_and_dicts_in_any_order() -> None:
+    assert default_key("t", [{3, 1, 2}]) == default_key("t", [{2, 3, 1}])
+    assert default_key("t", {"b": 1, "a": 2}) == default_key("t", {"a": 2, "b": 1})
+
+
+def test_long_keys_are_hashed_into_a_stable_name_of_at_most_255_characters(app: Celery) -> None:
+    task = make_task(app, "t.long")
+    key = task.lock_name(("x" * 1000,))
+    assert len(key) <= 255
+    assert key.startswith('t.long:{"copies":1,"invoice_id":"xxx')
+    assert ":sha256:" in key
+    assert task.lock_name(("x" * 1000,)) == key
+    assert task.lock_name(("x" * 999 + "y",)) != key
+    assert fit_key("short") == "short"
+    task.delay("x" * 1000)
+    assert Lock.objects.get().name == key
+
+
+def test_lock_key_as_format_string_callable_or_static_method(app: Celery) -> None:
+    formatted = make_task(app, "t.format", lock_key="invoice:{invoice_id}:{0}")
+    assert formatted.lock_name((5,)) == "invoice:5:5"
+    assert formatted.lock_name((), {"invoice_id": 5}) == "invoice:5:5"
+
+    called = make_task(app, "t.callable", lock_key=lambda invoice_id, **kw: f"inv:{invoice_id}")
+    assert called.lock_name((6,), {"copies": 2}) == "inv:6"
+
+    class ByInvoice(SingletonTask):
+        @staticmethod
+        def lock_key(invoice_id: int, copies: int = 1) -> str:
+            return f"by-invoice:{invoice_id}"
+
+    def print_invoice(invoice_id: int, copies: int = 1) -> None:
+        """Print copies of an invoice."""
+
+    decorate: Any = app.task
+    subclassed = decorate(base=ByInvoice, name="t.subclass", shared=False)(print_invoice)
+    assert isinstance(subclassed, SingletonTask)
+    assert subclassed.lock_name((8, 3)) == "by-invoice:8"
+    first = subclassed.delay(8, 3)
+    assert subclassed.delay(8, 4).id == first.id  # same key: copies is not part of it
+
+
+def _unprintable() -> object:
+    return object()
+
+
+@pytest.mark.parametrize(
+    ("options", "args", "error", "message"),
+    [
+        ({"lock_ttl": -1}, (1,), ValueError, "t.bad.*lock_ttl.*at least"),
+        ({"lock_ttl": float("nan")}, (1,), ValueError, "lock_ttl.*finite"),
+        ({"lock_ttl": "soon"}, (1,), TypeError, "lock_ttl.*number of seconds"),
+        ({"lock_ttl": 10**9}, (1,), ValueError, "absurd"),
+        ({"on_duplicate": "ignore"}, (1,), ValueError, "on_duplicate must be 'return' or"),
+        ({"lock_auto_renew": "yes"}, (1,), TypeError, "lock_auto_renew must be True or False"),
+        ({"lock_using": "nowhere"}, (1,), ValueError, "unknown database alias 'nowhere'"),
+        ({"lock_key": lambda *a, **k: 42}, (1,), TypeError, "returned 42; it must return a str"),
+        ({"lock_key": "x:{missing}"}, (1,), ValueError, "refers to 'missing'"),
+        ({"lock_key": ""}, (1,), ValueError, "must not be empty"),
+        ({"lock_key": "a\x00{0}"}, (1,), ValueError, "must not contain NUL"),
+        ({"lock_key": 3}, (1,), TypeError, "must be None, a format string or a callable"),
+        ({}, (1, 2, 3), TypeError, "called with bad arguments"),
+        ({}, "12", TypeError, "args must be a list or tuple"),
+        ({}, (_unprintable(),), TypeError, "no stable text form.*give the task a lock_key"),
+        ({}, ({1: 1, "a": 2},), TypeError, "cannot build a lock key"),
+    ],
+)
+def test_bad_options_and_arguments_fail_before_any_query_and_enqueue_nothing(
+    app: Celery,
+    own_queries: OwnQueries,
+    options: dict[str, Any],
+    args: Any,
+    error: type[Exception],
+    message: str,
+) -> None:
+    task = make_task(app, "t.bad", **options)
+    with own_queries() as queries, pytest.raises(error, match=message):
+        task.apply_async(args)
+    assert len(queries) == 0
+    assert not Lock.objects.exists()
+    assert queued(app) == 0
+
+
+def test_bad_task_lock_ttl_setting_names_the_setting(app: Celery, own_queries: OwnQueries) -> None:
+    task = make_task(app, "t.setting")
+    with (
+        override_settings(LOCKS={"TASK_LOCK_TTL": 0}),
+        own_queries() as queries,
+        pytest.raises(ValueError, match=r"LOCKS\['TASK_LOCK_TTL'\]: ttl must be at least"),
+    ):
+        task.delay(1)
+    assert len(queries) == 0
+    assert not Lock.objects.exists()
+    assert queued(app) == 0
+
+
+def test_lock_ttl_defaults_to_the_task_lock_ttl_setting(app: Celery) -> None:
+    with override_settings(LOCKS={"TASK_LOCK_TTL": 120}):
+        make_task(app, "t.default-ttl").delay(1)
+    make_task(app, "t.own-ttl", lock_ttl=timedelta(minutes=5)).delay(1)
+    lengths = {
+        lock.name.split(":")[0]: (lock.expires_at - lock.acquired_at).total_seconds()
+        for lock in Lock.objects.all()
+    }
+    assert lengths == {"t.default-ttl": pytest.approx(120), "t.own-ttl": pytest.approx(300)}
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:1/0", "amqp://guest:guest@127.0.0.1:1//"], ids=["redis", "amqp"]
+)
+def test_publish_failure_releases_the_lock_it_took(url: str) -> None:
+    app = make_app(url, unique_queue())
+    # No broker listens on port 1; kombu should give up at once rather than retry for 6 s.
+    app.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0}
+    task = make_task(app, "t.unpublished")
+    with pytest.raises(OperationalError):
+        task.apply_async((1,), retry=False)
+    assert not Lock.objects.exists()  # the key is free again for the next call
+    app.close()
+
+
+def test_key_held_by_a_plain_lease_is_refused_even_in_return_mode(app: Celery) -> None:
+    task = make_task(app, "t.shared", lock_key="invoice:{invoice_id}")
+    with (
+        locks.lock("invoice:9", ttl=30) as lease,
+        pytest.raises(locks.DuplicateTask, match="which is not a queued task") as caught,
+    ):
+        task.delay(9)
+    assert caught.value.task_id is None
+    assert caught.value.name == "invoice:9"
+    assert isinstance(caught.value, locks.LockBusy)
+    assert not lease.lost
+    assert queued(app) == 0
+
+
+def test_eager_run_takes_and_releases_the_lock(app: Celery) -> None:
+    app.conf.task_always_eager = True
+    record = singleton(app, "tests.record")
+    result = record.delay("eager")
+    assert result.get() == "eager"
+    run = CeleryRun.objects.get(label="eager")
+    assert (run.task_id, run.finished) == (result.id, True)
+    assert not Lock.objects.exists()
+
+
+def test_key_travels_in_a_message_header_for_the_worker_and_retries(app: Celery) -> None:
+    task = make_task(app, "t.header")
+    result = task.delay(1)
+    with app.connection_for_write() as connection:
+        message = connection.SimpleQueue(app.conf.task_default_queue).get(timeout=5)
+        assert message.headers["id"] == result.id
+        assert message.headers[KEY_HEADER] == task.lock_name((1,))
+        message.ack()

@@ -1,0 +1,175 @@
+"""``manage.py locks list|break|reap``: output, exit codes, confirmation, errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+import locks
+from locks.models import Lock
+from tests.conftest import ROOT, worker_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Terminal(io.StringIO):
+    """Standard input that says it is a terminal, with the user's answer in it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def run(*args: str, **options: Any) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    call_command("locks", *args, stdout=out, stderr=err, **options)
+    return out.getvalue(), err.getvalue()
+
+
+def fails(*args: str, **options: Any) -> tuple[int, str]:
+    with pytest.raises(CommandError) as caught:
+        run(*args, **options)
+    return caught.value.returncode, str(caught.value)
+
+
+def expired(name: str) -> None:
+    locks.acquire(name, ttl=0.05, holder="gone")
+    time.sleep(0.2)
+
+
+def test_list_shows_a_table_of_held_locks_newest_first() -> None:
+    older = locks.acquire("orders:1", ttl=30, holder="worker-a")
+    newer = locks.acquire("orders:2", ttl=30, holder="worker-b")
+    expired("orders:old")
+    out, _ = run("list")
+    lines = out.splitlines()
+    assert lines[0].startswith("NAME ") and lines[0].endswith("  EXPIRES IN  STATE")
+    assert [line.split()[:4] for line in lines[1:]] == [
+        ["orders:2", "worker-b", "1", str(newer.token)],
+        ["orders:1", "worker-a", "1", str(older.token)],
+    ]
+    assert all(line.endswith(" s  held") for line in lines[1:])
+    assert "orders:old" not in out
+
+
+def test_list_expired_all_and_json() -> None:
+    locks.acquire("orders:live", ttl=30, holder="worker")
+    expired("orders:old")
+    assert [line.split()[0] for line in run("list", "--expired")[0].splitlines()[1:]] == [
+        "orders:old"
+    ]
+    assert len(run("list", "--all")[0].splitlines()) == 3
+    rows = json.loads(run("list", "--json", "--all")[0])
+    by_name = {row["name"]: row for row in rows}
+    assert by_name["orders:live"]["state"] == "held"
+    assert 0 < by_name["orders:live"]["expires_in"] <= 30
+    assert by_name["orders:old"]["state"] == "expired"
+    assert by_name["orders:old"]["expires_in"] < 0
+    assert set(by_name["orders:live"]) >= {"holder", "count", "token", "acquired_at", "note"}
+
+
+def test_list_says_when_there_is_nothing() -> None:
+    assert run("list")[0].strip() == "No held locks."
+    assert json.loads(run("list", "--json")[0]) == []
+    assert fails("list", "--expired", "--all")[0] == 2
+
+
+def test_break_with_yes_breaks_and_the_holder_gets_lock_lost() -> None:
+    lease = locks.acquire("orders:9", ttl=30, holder="worker-9")
+    out, _ = run("break", "orders:9", "--yes")
+    assert f"Broke lock 'orders:9' (holder 'worker-9', token {lease.token})." in out
+    assert not Lock.objects.exists()
+    with pytest.raises(locks.LockLost):
+        lease.release()
+
+
+def test_break_reports_unknown_names_and_exits_1() -> None:
+    locks.acquire("orders:9", ttl=30, holder="worker-9")
+    with pytest.raises(CommandError) as caught:
+        call_command("locks", "break", "orders:9", "nope", "--yes", stdout=io.StringIO())
+    assert caught.value.returncode == 1
+    assert "'nope'" in str(caught.value)
+    assert not Lock.objects.exists(), "the known name is still broken"
+
+
+@pytest.mark.parametrize("bad", ["", "a\x00b", "x" * 256])
+def test_break_refuses_bad_names_and_breaks_nothing(bad: str) -> None:
+    lease = locks.acquire("orders:9", ttl=30, holder="worker-9")
+    code, message = fails("break", "orders:9", bad, "--yes")
+    assert code == 2 and "no lock was broken" in message
+    assert Lock.objects.get().token == lease.token
+
+
+def test_break_without_yes_and_without_a_terminal_refuses() -> None:
+    lease = locks.acquire("orders:9", ttl=30, holder="worker-9")
+    code, message = fails("break", "orders:9", stdin=io.StringIO("y\n"))
+    assert code == 2 and "--yes" in message
+    assert Lock.objects.get().token == lease.token
+
+
+def test_break_on_a_terminal_asks_first() -> None:
+    lease = locks.acquire("orders:9", ttl=30, holder="worker-9")
+    out = io.StringIO()
+    with pytest.raises(CommandError) as caught:
+        call_command("locks", "break", "orders:9", stdin=Terminal("n\n"), stdout=out)
+    assert caught.value.returncode == 1
+    assert "worker-9" in out.getvalue() and "Break 1 lock(s)?" in out.getvalue()
+    assert Lock.objects.get().token == lease.token
+
+    out_text, _ = run("break", "orders:9", stdin=Terminal("y\n"))
+    assert "Broke lock 'orders:9'" in out_text
+    assert not Lock.objects.exists()
+
+
+def test_reap_deletes_expired_rows_only() -> None:
+    expired("orders:old1")
+    expired("orders:old2")
+    locks.acquire("orders:live", ttl=30, holder="worker")
+    assert run("reap", "--batch-size", "1")[0].strip() == "Reaped 2 expired lock(s)."
+    assert list(Lock.objects.values_list("name", flat=True)) == ["orders:live"]
+
+
+@pytest.mark.parametrize("batch", ["0", "-5", "2000000"])
+def test_reap_refuses_bad_batch_sizes(batch: str) -> None:
+    expired("orders:old")
+    assert fails("reap", "--batch-size", batch)[0] == 2
+    assert Lock.objects.count() == 1
+
+
+def test_unknown_database_alias_is_a_usage_error() -> None:
+    code, message = fails("list", "--database", "nope")
+    assert code == 2 and "nope" in message
+
+
+def manage(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", "locks", *args],
+        cwd=ROOT,
+        env=worker_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_exit_codes_of_the_real_command() -> None:
+    lease = locks.acquire("orders:cli", ttl=30, holder="worker-cli")
+    listed = manage("list")
+    assert listed.returncode == 0 and "worker-cli" in listed.stdout
+    refused = manage("break", "orders:cli")  # stdin is not a terminal
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    unknown = manage("break", "nope", "--yes")
+    assert unknown.returncode == 1 and "Unknown lock name(s): 'nope'" in unknown.stderr
+    assert manage().returncode == 2  # no subcommand: argparse usage error
+    assert manage("reap", "--batch-size", "0").returncode == 2
+    assert Lock.objects.get().token == lease.token
+    broken = manage("break", "orders:cli", "--yes")
+    assert broken.returncode == 0 and "Broke lock 'orders:cli'" in broken.stdout
+    assert not Lock.objects.exists()

@@ -1,0 +1,290 @@
+"""lock_view on a live server: one request at a time per key, 423 for the others, release."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.test import RequestFactory
+from django.utils.decorators import method_decorator
+from django.views import View
+from hypothesis import given
+from hypothesis import strategies as st
+
+import locks
+from locks.decorators import LockViewMixin, lock_key, lock_view
+from locks.keys import encode_value, fit_name
+from locks.models import Lock
+from tests.conftest import finish, spawn
+
+OTHER = "test-process-other-holder"  # a holder that is not the live server's request thread
+
+
+def http(url: str, timeout: float = 60) -> tuple[int, Any, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read()
+
+
+def wait_until(condition: Any, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.fixture
+def held() -> Iterator[Any]:
+    """Hold lock names as another holder for the length of a test."""
+    leases: list[locks.Lease] = []
+
+    def hold(name: str, ttl: float = 30) -> locks.Lease:
+        lease = locks.acquire(name, ttl=ttl, timeout=0, holder=OTHER)
+        leases.append(lease)
+        return lease
+
+    yield hold
+    for lease in leases:
+        if lease.held:
+            lease.release()
+
+
+# --- keys ----------------------------------------------------------------------------------
+
+
+def test_lock_key_percent_encodes_every_value_character_but_letters_and_digits() -> None:
+    assert lock_key("invoice:{pk}", pk=42) == "invoice:42"
+    assert lock_key("file:{path}", path="a/b:c") == "file:a%2Fb%3Ac"
+    assert lock_key("user:{name}", name="Jürgen") == "user:J%C3%BCrgen"
+    assert lock_key("x:{v}", v="100%-_.~") == "x:100%25%2D%5F%2E%7E"
+    assert lock_key("report-{year}-{month}", year=2024, month="05") == "report-2024-05"
+
+
+@given(
+    a=st.tuples(st.text(max_size=8), st.text(max_size=8)),
+    b=st.tuples(st.text(max_size=8), st.text(max_size=8)),
+)
+def test_different_values_never_make_the_same_key(a: tuple[str, str], b: tuple[str, str]) -> None:
+    for template in ("t:{0}-{1}", "{0}/{1}", "{0}:x{1}"):
+        same = lock_key(template, *a) == lock_key(template, *b)
+        assert same == (a == b), (template, a, b)
+
+
+def test_long_keys_are_hashed_to_fit_and_keep_a_readable_prefix() -> None:
+    short = lock_key("doc:{v}", v="x" * 240)
+    assert short == "doc:" + "x" * 240
+    one, two = lock_key("doc:{v}", v="x" * 400), lock_key("doc:{v}", v="x" * 399 + "y")
+    assert len(one) == len(two) == 255
+    assert one != two
+    assert one.startswith("doc:xxxx") and "~" in one
+    # A hashed name is always 255 long, a kept one shorter: the two kinds never meet.
+    assert len(fit_name("a" * 254)) == 254 and len(fit_name("a" * 255)) == 255
+    assert fit_name("a" * 255) != "a" * 255
+
+
+@pytest.mark.parametrize(
+    ("template", "error"),
+    [
+        ("{a}{b}", ValueError),  # "1"+"23" would be "12"+"3"
+        ("{a}x{b}", ValueError),  # a letter cannot separate encoded values
+        ("{a}%{b}", ValueError),
+        ("x:{a", ValueError),
+        ("", ValueError),
+        ("a\x00{b}", ValueError),
+        ("{a:{b}}", ValueError),
+        (42, TypeError),
+    ],
+)
+def test_bad_key_templates_are_refused_when_decorating(template: Any, error: type) -> None:
+    with pytest.raises(error, match=r"lock_view key|expected"):
+        lock_view(template)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"ttl": 0}, ValueError),
+        ({"ttl": float("nan")}, ValueError),
+        ({"timeout": -1}, ValueError),
+        ({"status": 200}, ValueError),
+        ({"status": "423"}, TypeError),
+        ({"retry_after": -1}, ValueError),
+        ({"retry_after": 1.5}, TypeError),
+        ({"using": "nope"}, ValueError),
+        ({"note": "x" * 300}, ValueError),
+        ({"response": "busy.html"}, TypeError),
+    ],
+)
+def test_bad_options_are_refused_when_decorating_and_touch_nothing(
+    options: dict[str, Any], error: type
+) -> None:
+    with pytest.raises(error):
+        lock_view("k:{pk}", **options)
+    assert not Lock.objects.exists()
+
+
+def test_missing_key_field_names_the_field() -> None:
+    with pytest.raises(ValueError, match="'pk'"):
+        lock_key("invoice:{pk}", id=1)
+
+
+# --- live server ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_requests_from_processes_one_runs_the_others_get_423(
+    live_server: Any, tmp_path: Path
+) -> None:
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    url = f"{live_server.url}/locking/gated/report/?gate={gate}&log={log}"
+    workers = [spawn("get", url, module="tests.workers_django") for _ in range(4)]
+    try:
+        # Three finish with 423 while the one inside waits at its gate, however slow they start.
+        assert wait_until(lambda: sum(w.poll() is not None for w in workers) >= 3, 120)
+        assert locks.is_locked("gate:report")
+    finally:
+        gate.touch()
+    responses = [finish(w)[0] for w in workers]
+
+    statuses = sorted(r["status"] for r in responses)
+    assert statuses == [200, 423, 423, 423]
+    for busy in (r for r in responses if r["status"] == 423):
+        assert 1 <= int(busy["retry_after"]) <= 60
+    assert len(log.read_text().split()) == 1, "exactly one request ran the view"
+    assert wait_until(lambda: not locks.is_locked("gate:report"), 30)
+
+
+TRICKY = [":", "a:b", "a%3Ab", "a/b", "a%2Fb", "ü", "%C3%BC", "x" * 300, "x" * 299 + "y", "a-b"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tricky_keys_neither_collide_nor_fail(live_server: Any, held: Any) -> None:
+    names = []
+    for value in TRICKY:
+        status, _, body = http(f"{live_server.url}/locking/key/{quote(value, safe='')}/")
+        assert status == 200, (value, body)
+        name = json.loads(body)["name"]
+        assert name == lock_key("key:{value}", value=value)
+        names.append(name)
+    assert len(set(names)) == len(TRICKY)
+    assert not Lock.objects.exists(), "every lease was released"
+
+    # Holding one of them makes exactly that one busy.
+    held(lock_key("key:{value}", value="a:b"))
+    statuses = {v: http(f"{live_server.url}/locking/key/{quote(v, safe='')}/")[0] for v in TRICKY}
+    assert statuses.pop("a:b") == 423
+    assert set(statuses.values()) == {200}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lease_is_released_when_the_view_raises(live_server: Any) -> None:
+    for _ in range(2):  # the second request would get 423 if the first left the lease behind
+        status, _, _ = http(f"{live_server.url}/locking/boom/x/")
+        assert status == 500
+    assert not locks.is_locked("boom:x")
+    assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_streaming_response_holds_the_lease_until_the_stream_ends(
+    live_server: Any, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    with urllib.request.urlopen(f"{live_server.url}/locking/stream/s/?gate={gate}") as response:
+        assert response.readline() == b"first\n"
+        # The view has returned, the body is half sent: the lease must still be held.
+        assert locks.is_locked("stream:s")
+        assert http(f"{live_server.url}/locking/stream/s/")[0] == 423
+        gate.touch()
+        assert response.read() == b"last\n"
+    assert wait_until(lambda: not locks.is_locked("stream:s"), 30)
+    assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_busy_answer_is_configurable(live_server: Any, held: Any) -> None:
+    for name in ("conflict:c", "template:c", "custom:c"):
+        held(name)
+    status, headers, _ = http(f"{live_server.url}/locking/conflict/c/")
+    assert (status, headers["Retry-After"]) == (409, "7")
+    status, headers, body = http(f"{live_server.url}/locking/template/c/")
+    assert status == 423 and b"Lock template:c is busy" in body
+    assert 1 <= int(headers["Retry-After"]) <= 30
+    status, headers, body = http(f"{live_server.url}/locking/custom/c/")
+    assert status == 418 and json.loads(body)["busy"] == "custom:c"
+    assert headers["Retry-After"] == str(json.loads(body)["retry"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retry_after_is_the_holders_time_left_by_the_database_clock(
+    live_server: Any, held: Any
+) -> None:
+    held("gate:t", ttl=40)
+    status, headers, body = http(f"{live_server.url}/locking/gated/t/")
+    assert status == 423
+    assert b"retry after" in body
+    assert 1 <= int(headers["Retry-After"]) <= 40
+
+
+@pytest.mark.django_db(transaction=True)
+def test_callable_and_request_keys(live_server: Any, held: Any) -> None:
+    status, _, body = http(f"{live_server.url}/locking/callable/abc/")
+    assert (status, json.loads(body)["name"]) == (200, "callable:ABC")
+    status, _, body = http(f"{live_server.url}/locking/user/s-1/")
+    assert (status, json.loads(body)["name"]) == (200, "user:None/s%2D1")  # anonymous user
+    held("callable:ABC")
+    assert http(f"{live_server.url}/locking/callable/abc/")[0] == 423
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["mixin", "amixin", "decorated", "adecorated"])
+def test_class_based_views(live_server: Any, held: Any, kind: str) -> None:
+    url = f"{live_server.url}/locking/cbv/{kind}/7/"
+    status, _, body = http(url)
+    assert (status, json.loads(body)["name"]) == (200, "cbv:7")
+    assert not locks.is_locked("cbv:7")
+    held("cbv:7")
+    status, headers, _ = http(url)
+    assert status == 423 and int(headers["Retry-After"]) >= 1
+    assert http(f"{live_server.url}/locking/cbv/{kind}/8/")[0] == 200
+
+
+def test_sync_lock_view_inside_an_event_loop_says_what_to_do() -> None:
+    @method_decorator(lock_view("cbv:{pk}"), name="dispatch")
+    class Wrong(View):
+        async def get(self, request: Any, pk: int) -> Any:  # pragma: no cover
+            raise AssertionError("must not run")
+
+    async def call() -> Any:
+        view: Any = Wrong.as_view()
+        return await view(RequestFactory().get("/"), pk=1)
+
+    with pytest.raises(TypeError, match="LockViewMixin"):
+        asyncio.run(call())
+
+
+def test_mixin_without_key_is_a_clear_error() -> None:
+    class NoKey(LockViewMixin, View):
+        pass
+
+    with pytest.raises(TypeError, match="lock_key"):
+        NoKey.as_view()(RequestFactory().get("/"))
+
+
+def test_encode_value_output_is_letters_digits_and_escapes_only() -> None:
+    assert set(encode_value("a-b_c.d~e f/g:h%ü")) <= set(
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789%"
+    )

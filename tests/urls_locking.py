@@ -1,0 +1,26 @@
+"""URLs of the lock_view test views (included under /locking/ by tests/urls.py)."""
+
+from django.urls import path
+
+from tests import views_locking as views
+
+urlpatterns = [
+    path("gated/<str:name>/", views.gated),
+    path("agated/<str:name>/", views.agated),
+    path("await/<str:name>/", views.await_lock),
+    path("ping/", views.ping),
+    path("key/<path:value>/", views.key),
+    path("user/<slug:slug>/", views.per_user),
+    path("callable/<str:name>/", views.by_callable),
+    path("boom/<str:name>/", views.boom),
+    path("aboom/<str:name>/", views.aboom),
+    path("stream/<str:name>/", views.stream),
+    path("astream/<str:name>/", views.astream),
+    path("conflict/<str:name>/", views.conflict),
+    path("template/<str:name>/", views.templated),
+    path("custom/<str:name>/", views.custom),
+    path("cbv/mixin/<int:pk>/", views.MixinView.as_view()),
+    path("cbv/amixin/<int:pk>/", views.AsyncMixinView.as_view()),
+    path("cbv/decorated/<int:pk>/", views.DecoratedView.as_view()),
+    path("cbv/adecorated/<int:pk>/", views.AsyncDecoratedView.as_view()),
+]
