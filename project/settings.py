@@ -6,6 +6,7 @@ Environment variables:
     CELERY_RESULT_BACKEND: Celery result backend (default: none).
     CELERY_FS_DIR: folder of the filesystem transport (default: var/celery-fs).
     LOCKS_REAP_INTERVAL: seconds between runs of the reaper task under beat (default: 60).
+    DEMO_REPORT_SECONDS: how long the demo page's locked view works (default: 3).
     DJANGO_DEBUG: "1"/"true" or "0"/"false" (default: true; this is a demo).
     DJANGO_SECRET_KEY: secret key (default: an insecure key for local use only).
     DJANGO_ALLOWED_HOSTS: comma-separated host names (default: localhost names).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -11,8 +12,8 @@ from django.views.decorators.http import require_GET, require_POST
 from locks.decorators import lock_view
 from locks.models import DatabaseNow, Lock
 
-#: How long the guarded report view works while holding its lock.
-REPORT_SECONDS = 3.0
+#: How long the guarded report view works while holding its lock (DEMO_REPORT_SECONDS).
+REPORT_SECONDS = float(os.environ.get("DEMO_REPORT_SECONDS") or 3.0)
 
 
 @require_GET
@@ -21,7 +22,7 @@ def index(request: HttpRequest) -> HttpResponse:
     return render(request, "demo/index.html", {"report_seconds": REPORT_SECONDS})
 
 
-@lock_view("demo:report", ttl=10)
+@lock_view("demo:report", ttl=REPORT_SECONDS + 10)
 def report(request: HttpRequest) -> HttpResponse:
     """Takes a few seconds; concurrent requests get 423 Locked with Retry-After meanwhile."""
     time.sleep(REPORT_SECONDS)
