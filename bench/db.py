@@ -25,17 +25,32 @@ TABLES = [
 
 
 def alias(backend: str) -> str:
-    """The Django alias of a backend ("sqlite" -> "default")."""
+    """The Django alias of a backend ("sqlite" -> "default").
+
+    Example::
+
+        alias("sqlite")  # "default"
+    """
     return ALIASES[backend]
 
 
 def params(backend: str) -> dict[str, Any]:
-    """The Django settings dict of a backend's bench database."""
+    """The Django settings dict of a backend's bench database.
+
+    Example::
+
+        params("postgresql")["NAME"]
+    """
     return dict(settings.DATABASES[alias(backend)])
 
 
 def connect(backend: str, database: str | None = None) -> Any:
-    """A raw autocommit connection through the driver Django uses (no Django in between)."""
+    """A raw autocommit connection through the driver Django uses (no Django in between).
+
+    Example::
+
+        connect("mariadb").cursor().execute("SELECT 1")
+    """
     p = params(backend)
     if backend == "postgresql":
         import psycopg
@@ -69,7 +84,12 @@ def connect(backend: str, database: str | None = None) -> Any:
 
 
 def unreachable(backend: str) -> str | None:
-    """Why a backend's server cannot be used, or ``None`` when it answers."""
+    """Why a backend's server cannot be used, or ``None`` when it answers.
+
+    Example::
+
+        unreachable("postgresql")  # None when the server answers
+    """
     if backend == "sqlite":
         return None
     try:
@@ -116,6 +136,10 @@ def ensure_database(backend: str) -> None:
 
     A database made from other migrations (an initial migration edited in place, say) is
     dropped and made afresh: the bench keeps nothing worth keeping in it.
+
+    Example::
+
+        ensure_database("postgresql")
     """
     name = params(backend)["NAME"]
     stamp = Path(settings.BASE_DIR) / "var" / "bench" / f"{name}.{backend}.schema"
@@ -149,7 +173,12 @@ CHURNED = ["locks_lock", "bench_floor", "bench_counter", "db_mutex_dbmutex"]
 
 
 def tidy(backend: str) -> None:
-    """Vacuum and analyze the bench's tables on PostgreSQL (what autovacuum would do)."""
+    """Vacuum and analyze the bench's tables on PostgreSQL (what autovacuum would do).
+
+    Example::
+
+        tidy("postgresql")
+    """
     if backend != "postgresql":
         return
     with connections[alias(backend)].cursor() as cursor:
@@ -160,20 +189,35 @@ def tidy(backend: str) -> None:
 
 
 def analyze(backend: str, table: str) -> None:
-    """Refresh the planner's statistics of ``table`` (after a bulk insert)."""
+    """Refresh the planner's statistics of ``table`` (after a bulk insert).
+
+    Example::
+
+        analyze("mariadb", "locks_lock")
+    """
     if backend in ("postgresql", "mariadb"):
         execute(backend, f"ANALYZE {'TABLE ' if backend == 'mariadb' else ''}{table}")
 
 
 def execute(backend: str, sql: str, args: list[Any] | None = None) -> int:
-    """Run one statement on the backend's Django connection; return the row count."""
+    """Run one statement on the backend's Django connection; return the row count.
+
+    Example::
+
+        execute("sqlite", "DELETE FROM bench_floor")
+    """
     with connections[alias(backend)].cursor() as cursor:
         cursor.execute(sql, args or [])
         return int(cursor.rowcount)
 
 
 def scalar(backend: str, sql: str, args: list[Any] | None = None) -> Any:
-    """Run one query on the backend's Django connection; return the first column of its row."""
+    """Run one query on the backend's Django connection; return the first column of its row.
+
+    Example::
+
+        scalar("postgresql", "SELECT count(*) FROM locks_lock")
+    """
     with connections[alias(backend)].cursor() as cursor:
         cursor.execute(sql, args or [])
         row = cursor.fetchone()
@@ -181,7 +225,12 @@ def scalar(backend: str, sql: str, args: list[Any] | None = None) -> Any:
 
 
 def close_all() -> None:
-    """Close every connection of this process (before forking workers)."""
+    """Close every connection of this process (before forking workers).
+
+    Example::
+
+        close_all()
+    """
     import locks.connection
 
     connections.close_all()

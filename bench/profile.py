@@ -61,6 +61,12 @@ def _cumulative(stats: pstats.Stats, fragment: str, name: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Profile uncontended pairs and print the breakdown.
+
+    Example::
+
+        main(["--backend", "mariadb", "--pairs", "500"])
+    """
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument(
         "--backend", default="postgresql", choices=["postgresql", "mariadb", "sqlite"]

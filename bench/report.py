@@ -160,7 +160,12 @@ def _reference(results: dict[str, Any], scenario: str, key: str) -> dict[str, fl
 
 
 def table(results: dict[str, Any], scenario: str) -> list[str]:
-    """The Markdown table of one scenario, one row per contender."""
+    """The Markdown table of one scenario, one row per contender.
+
+    Example::
+
+        lines = table(results, "c")
+    """
     columns = COLUMNS[scenario]
     lines = [
         "| contender | " + " | ".join(name for name, _ in columns) + " |",
@@ -216,7 +221,12 @@ def _header(results: dict[str, Any], plot: str | None, out: Path) -> list[str]:
 
 
 def write(results: dict[str, Any], path: str, plot: str | None) -> None:
-    """Write the report to ``path``, keeping the hand-written analysis block of the old one."""
+    """Write the report to ``path``, keeping the hand-written analysis block of the old one.
+
+    Example::
+
+        write(results, "docs/benchmark.md", "docs/benchmark-contended.png")
+    """
     out = Path(path)
     analysis = DEFAULT_ANALYSIS
     if out.exists():
@@ -233,7 +243,12 @@ def write(results: dict[str, Any], path: str, plot: str | None) -> None:
 
 
 def plot(results: dict[str, Any], path: str) -> str | None:
-    """A PNG of scenario (c): hand-offs/s and p50/p99 wait per contender (needs matplotlib)."""
+    """A PNG of scenario (c): hand-offs/s and p50/p99 wait per contender (needs matplotlib).
+
+    Example::
+
+        plot(results, "docs/benchmark-contended.png")
+    """
     contended = results["summary"].get("c")
     try:
         import matplotlib

@@ -32,6 +32,12 @@ ALL_FAMILIES = [
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
+    """Parse and check the command line; refuse unknown names before anything runs.
+
+    Example::
+
+        args = parse(["--quick", "--scenarios", "a,c"])
+    """
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about a minute: short runs, 1 repeat")
     parser.add_argument("--scenarios", default=SCENARIOS, help="subset of a,b,c,d,e (default all)")
@@ -67,11 +73,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def log(message: str) -> None:
+    """Print a progress line on stderr.
+
+    Example::
+
+        log("starting")
+    """
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def select(args: argparse.Namespace) -> tuple[list[Any], dict[str, str]]:
-    """The contenders to run, and the reasons the others cannot run here."""
+    """The contenders to run, and the reasons the others cannot run here.
+
+    Example::
+
+        ready, skipped = select(parse(["--contenders", "locks,floor"]))
+    """
     from . import contenders, db
 
     backends = set(args.backends.split(","))
@@ -98,7 +115,12 @@ def select(args: argparse.Namespace) -> tuple[list[Any], dict[str, str]]:
 
 
 def cell(c: Any, scenario: str, prefix: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One measurement of one contender, with its book-keeping around it."""
+    """One measurement of one contender, with its book-keeping around it.
+
+    Example::
+
+        figures = cell(contender, "a", "bench:1:1:", parse([]))
+    """
     from . import db, runner, stats
 
     extra: dict[str, Any] = {}
@@ -130,6 +152,10 @@ def retried(
     """:func:`cell`, tried again after a failure (e.g. a database server restarted under it).
 
     Returns ``None`` after the last failed attempt, which ``failures`` then describes.
+
+    Example::
+
+        figures = retried(contender, "c", "bench:1:2:", args, failures)
     """
     from . import db
 
@@ -155,6 +181,12 @@ def _cause(exc: Exception) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every scenario for every contender, interleaved; return the results.
+
+    Example::
+
+        results = run(parse(["--quick"]))
+    """
     from . import stats
 
     started = time.time()
@@ -221,6 +253,12 @@ def _brief(figures: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command: run, then write the JSON, the plot and the report.
+
+    Example::
+
+        main(["--quick"])
+    """
     args = parse(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
     django.setup()

@@ -23,6 +23,12 @@ WARM_UP = 3
 
 
 def workers_for(contender: contenders.Contender, scenario: str) -> int:
+    """How many worker processes a scenario gets for this contender.
+
+    Example::
+
+        workers_for(build("floor/postgresql"), "c")  # 1
+    """
     if contender.family == "floor":
         return FLOOR_WORKERS.get(scenario, WORKERS[scenario])
     return WORKERS[scenario]
@@ -95,7 +101,12 @@ def _worker(
 def measure(
     contender: contenders.Contender, scenario: str, prefix: str, duration: float
 ) -> list[dict[str, Any]]:
-    """Run ``scenario`` for ``contender`` in fresh worker processes; return their outcomes."""
+    """Run ``scenario`` for ``contender`` in fresh worker processes; return their outcomes.
+
+    Example::
+
+        outcomes = measure(build("locks/postgresql"), "c", "bench:1:3:", 2.0)
+    """
     count = workers_for(contender, scenario)
     shared = Shared(
         last_release=CONTEXT.RawValue("q", 0),

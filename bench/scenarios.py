@@ -32,7 +32,12 @@ HOLD_MIN, HOLD_MAX = 0.002, 0.008  # (d): how long a holder keeps the lock
 
 @dataclass
 class Shared:
-    """Values shared by the workers of one measurement (multiprocessing ``RawValue``s)."""
+    """Values shared by the workers of one measurement (multiprocessing ``RawValue``s).
+
+    Example::
+
+        Shared(stop=CONTEXT.RawValue("i", 0))
+    """
 
     last_release: Any = None
     handoffs: Any = None
@@ -41,7 +46,13 @@ class Shared:
 
 @dataclass
 class Outcome:
-    """What one worker measured."""
+    """What one worker measured.
+
+    Example::
+
+        out = Outcome()
+        out.lat.append(1_000_000)
+    """
 
     lat: list[int] = field(default_factory=list)
     ops: int = 0  # completed inside the measured window
@@ -60,7 +71,12 @@ class Outcome:
 
 
 def pairs(c: Contender, key: str, duration: float, shared: Shared) -> Outcome:
-    """(a), (b) and the measured side of (e): acquire+release pairs, uncontended."""
+    """(a), (b) and the measured side of (e): acquire+release pairs, uncontended.
+
+    Example::
+
+        pairs(contender, "bench:k", 2.0, Shared())
+    """
     out = Outcome()
     start = time.monotonic_ns()
     deadline = start + int(duration * 1e9)
@@ -84,7 +100,12 @@ def pairs(c: Contender, key: str, duration: float, shared: Shared) -> Outcome:
 
 
 def contended(c: Contender, key: str, duration: float, shared: Shared) -> Outcome:
-    """(c): blocking acquire, counter read then write, release."""
+    """(c): blocking acquire, counter read then write, release.
+
+    Example::
+
+        contended(contender, "bench:shared", 2.0, Shared())
+    """
     out = Outcome()
     start = time.monotonic_ns()
     deadline = start + int(duration * 1e9)
@@ -111,6 +132,10 @@ def handoff(c: Contender, key: str, duration: float, shared: Shared, handle: Any
     """(d): two workers alternate; each waits for the other to take the lock before retrying.
 
     The first worker enters holding the lock (``handle``), the second with ``None``.
+
+    Example::
+
+        handoff(contender, "bench:shared", 2.0, shared, None)
     """
     out = Outcome()
     ready = time.monotonic_ns()
@@ -143,7 +168,12 @@ def handoff(c: Contender, key: str, duration: float, shared: Shared, handle: Any
 
 
 def floor_contended(c: Contender, key: str, duration: float, shared: Shared) -> Outcome:
-    """(c) for the floor: the serial critical section; a fair lock's wait is 3 of them."""
+    """(c) for the floor: the serial critical section; a fair lock's wait is 3 of them.
+
+    Example::
+
+        floor_contended(Floor("postgresql"), "bench:shared", 2.0, Shared())
+    """
     out = Outcome()
     deadline = time.monotonic_ns() + int(duration * 1e9)
     while (began := time.monotonic_ns()) < deadline:
@@ -158,7 +188,12 @@ def floor_contended(c: Contender, key: str, duration: float, shared: Shared) -> 
 
 
 def floor_handoff(c: Contender, key: str, duration: float, shared: Shared) -> Outcome:
-    """(d) for the floor: the least a hand-off costs, one DELETE and one INSERT."""
+    """(d) for the floor: the least a hand-off costs, one DELETE and one INSERT.
+
+    Example::
+
+        floor_handoff(Floor("postgresql"), "bench:shared", 2.0, Shared())
+    """
     out = Outcome()
     deadline = time.monotonic_ns() + int(duration * 1e9)
     handle = c.try_acquire(key)
@@ -176,7 +211,12 @@ def floor_handoff(c: Contender, key: str, duration: float, shared: Shared) -> Ou
 
 
 def reaper(c: Contender, shared: Shared) -> Outcome:
-    """(e): ``locks.reap_expired()`` once, timed; then tell the other worker to stop."""
+    """(e): ``locks.reap_expired()`` once, timed; then tell the other worker to stop.
+
+    Example::
+
+        reaper(App("postgresql"), shared).extra["reap_seconds"]
+    """
     out = Outcome()
     began = time.monotonic_ns()
     try:

@@ -8,7 +8,12 @@ from typing import Any
 
 
 def percentile(values: list[int], fraction: float) -> float:
-    """Nearest-rank percentile of nanosecond values, in milliseconds (0.0 when empty)."""
+    """Nearest-rank percentile of nanosecond values, in milliseconds (0.0 when empty).
+
+    Example::
+
+        percentile([1_000_000, 3_000_000], 0.5)  # 1.0
+    """
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -17,7 +22,12 @@ def percentile(values: list[int], fraction: float) -> float:
 
 
 def summarise(outcomes: list[dict[str, Any]], scenario: str) -> dict[str, Any]:
-    """One measurement's figures from its workers' outcomes."""
+    """One measurement's figures from its workers' outcomes.
+
+    Example::
+
+        summarise(outcomes, "c")["p99_ms"]
+    """
     if scenario == "e":
         reaper, pairs = outcomes[0], outcomes[1]
         figures = summarise([pairs], "a")
@@ -56,7 +66,12 @@ MEDIAN_KEYS = (
 
 
 def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over repeats; lost updates and errors add up; the longest wait is the worst."""
+    """Medians over repeats; lost updates and errors add up; the longest wait is the worst.
+
+    Example::
+
+        combine([run1, run2, run3])["ops_per_s"]
+    """
     combined: dict[str, Any] = {"repeats": len(runs)}
     for key in MEDIAN_KEYS:
         values = [run[key] for run in runs if key in run]
@@ -75,7 +90,12 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ratio(value: float | None, floor: float | None) -> float | None:
-    """``value / floor``, or ``None`` when either is missing or the floor is zero."""
+    """``value / floor``, or ``None`` when either is missing or the floor is zero.
+
+    Example::
+
+        ratio(300.0, 1000.0)  # 0.3
+    """
     if value is None or floor is None or not floor:
         return None
     return value / floor
@@ -88,6 +108,10 @@ def paired(
 
     Both were measured in the same round of the run, minutes apart at most, so a ratio
     of a pair cancels most of the machine's drifting load; ``None`` when no repeat has both.
+
+    Example::
+
+        paired(runs["a"]["locks/postgresql"], runs["a"]["floor/postgresql"], "ops_per_s")
     """
     by_repeat = {run.get("repeat"): run for run in theirs}
     values = [

@@ -22,7 +22,12 @@ __all__ = ["FAMILIES", "Busy", "Contender", "build", "every"]
 
 
 def every() -> list[Contender]:
-    """One instance of every contender, in report order."""
+    """One instance of every contender, in report order.
+
+    Example::
+
+        keys = [c.key for c in every()]
+    """
     return [family(backend) for family in FAMILIES for backend in family.backends]
 
 

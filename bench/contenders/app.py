@@ -37,7 +37,12 @@ FILL_EXPIRED = {
 
 
 class App(DjangoCounting, Contender):
-    """``locks.try_acquire`` / ``locks.acquire(timeout=...)`` / ``Lease.release``."""
+    """``locks.try_acquire`` / ``locks.acquire(timeout=...)`` / ``Lease.release``.
+
+    Example::
+
+        App("postgresql").try_acquire("bench:k")
+    """
 
     family = "locks"
     title = "locks"
@@ -87,6 +92,10 @@ class AppPrepared(App):
     """This app on PostgreSQL with server-side binding and prepared statements (a setting).
 
     Same database as ``locks/postgresql``, through the alias ``postgresql_prepared``.
+
+    Example::
+
+        AppPrepared("postgresql").probe()  # None when it can run
     """
 
     family = "locks_prepared"

@@ -13,7 +13,12 @@ from bench import db
 
 
 class Busy(Exception):
-    """A blocking acquire ran out of time (the bench treats it as an error)."""
+    """A blocking acquire ran out of time (the bench treats it as an error).
+
+    Example::
+
+        raise Busy("bench:k: still busy after 30 s")
+    """
 
 
 class Contender:
@@ -119,8 +124,13 @@ class Contender:
 class DjangoCounting:
     """Counts the statements a lock call runs through Django connections (execute_wrapper).
 
-    Only statements run while :meth:`counting` is active are counted, so the counter
+    Only statements run inside :meth:`counted` are counted, so the counter
     update of scenario (c) on the same connection is left out.
+
+    Example::
+
+        self.install_counter(["postgresql"])
+        self.counted(lambda: lease.release())
     """
 
     statements: int
@@ -153,6 +163,10 @@ def backoff_wait(attempt_fn: Callable[[], Any | None], key: str, timeout: float)
     """Blocking acquire for a lock that only has a try: bounded exponential backoff + jitter.
 
     Pauses start at 1 ms and double up to 50 ms, each a random point in its upper half.
+
+    Example::
+
+        handle = backoff_wait(lambda: contender.try_acquire("k"), "k", 30)
     """
     deadline = time.monotonic() + timeout
     pause = 0.001

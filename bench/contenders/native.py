@@ -11,7 +11,12 @@ from .base import Busy, Contender
 
 
 class Raw(Contender):
-    """A contender that talks to the database through its driver, with no Django in between."""
+    """A contender that talks to the database through its driver, with no Django in between.
+
+    Example::
+
+        row = contender.run("SELECT 1", ())
+    """
 
     def open(self) -> None:
         self.connection = db.connect(self.backend)
@@ -43,6 +48,11 @@ class Floor(Raw):
 
     It is not a lock (nothing waits), so scenarios (c) and (d) measure what the fastest
     conceivable lock on this database would need; see ``bench.scenarios``.
+
+    Example::
+
+        floor = Floor("mariadb")
+        floor.release(floor.try_acquire("bench:k"))
     """
 
     family = "floor"
@@ -69,7 +79,12 @@ def _advisory_key(key: str) -> int:
 
 
 class PgAdvisory(Raw):
-    """``pg_try_advisory_lock`` / blocking ``pg_advisory_lock`` / ``pg_advisory_unlock``."""
+    """``pg_try_advisory_lock`` / blocking ``pg_advisory_lock`` / ``pg_advisory_unlock``.
+
+    Example::
+
+        PgAdvisory("postgresql").acquire("bench:k", 30)
+    """
 
     family = "pg_advisory"
     title = "pg advisory lock"
@@ -95,7 +110,12 @@ class PgAdvisory(Raw):
 
 
 class GetLock(Raw):
-    """MariaDB ``GET_LOCK(name, 0)`` / ``GET_LOCK(name, timeout)`` / ``RELEASE_LOCK``."""
+    """MariaDB ``GET_LOCK(name, 0)`` / ``GET_LOCK(name, timeout)`` / ``RELEASE_LOCK``.
+
+    Example::
+
+        GetLock("mariadb").acquire("bench:k", 30)
+    """
 
     family = "get_lock"
     title = "GET_LOCK"

@@ -15,7 +15,12 @@ REDIS_URL = os.environ.get("LOCKS_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 
 
 class DBMutex(DjangoCounting, Contender):
-    """django-db-mutex: ``db_mutex(lock_id)``; it has no blocking acquire, so waits back off."""
+    """django-db-mutex: ``db_mutex(lock_id)``; it has no blocking acquire, so waits back off.
+
+    Example::
+
+        DBMutex("postgresql").try_acquire("bench:k")
+    """
 
     family = "db_mutex"
     title = "django-db-mutex"
@@ -58,7 +63,12 @@ class DBMutex(DjangoCounting, Contender):
 
 
 class DjangoMySQL(DjangoCounting, Contender):
-    """django-mysql: ``django_mysql.locks.Lock(name, acquire_timeout, using=...)`` (GET_LOCK)."""
+    """django-mysql: ``django_mysql.locks.Lock(name, acquire_timeout, using=...)`` (GET_LOCK).
+
+    Example::
+
+        DjangoMySQL("mariadb").acquire("bench:k", 30)
+    """
 
     family = "django_mysql"
     title = "django-mysql Lock"
@@ -95,7 +105,12 @@ class DjangoMySQL(DjangoCounting, Contender):
 
 
 class RedisLock(Contender):
-    """python-redis-lock on Redis: ``Lock(client, name, expire=60)``; waiters BLPOP a signal."""
+    """python-redis-lock on Redis: ``Lock(client, name, expire=60)``; waiters BLPOP a signal.
+
+    Example::
+
+        RedisLock("redis").acquire("bench:k", 30)
+    """
 
     family = "redis_lock"
     title = "python-redis-lock"
