@@ -39,6 +39,9 @@ pool_mode = transaction
 max_client_conn = 2000
 default_pool_size = 40
 server_reset_query =
+# Check a pooled server connection before every use: after a server restart the pool
+# still holds dead connections, and the default (30 s) would hand them to the next client.
+server_check_delay = 0
 ignore_startup_parameters = extra_float_digits
 """
 
