@@ -223,4 +223,7 @@ def test_reaping_100k_rows_never_blocks_an_acquire_longer_than_a_batch(
         f"{report['longest_batch']:.4f} s; reaped in {report['elapsed']:.2f} s, "
         f"{report['batches']} batches; acquires during {[s['during'] for s in stats]}"
     )
-    assert longest <= noise + report["longest_batch"] * 2
+    # SQLite's busy handler sleeps in growing steps (1, 2, 5, 10, 15, 20, 25 ms...), so a
+    # waiting acquire may notice the reaper's pause one step late.
+    busy_step = 0.05 if backend == "sqlite" else 0.0
+    assert longest <= noise + report["longest_batch"] * 2 + busy_step
