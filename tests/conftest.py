@@ -58,16 +58,19 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def spawn(scenario: str, *args: Any, module: str = "tests.workers") -> subprocess.Popen[str]:
+def spawn(
+    scenario: str, *args: Any, module: str = "tests.workers", stdin: bool = False
+) -> subprocess.Popen[str]:
     """Start ``python -m MODULE SCENARIO ARGS...`` as a separate OS process.
 
     ``MODULE`` is a worker module like ``tests/workers.py``; it prints one JSON line per
-    event on stdout.
+    event on stdout. ``stdin``: a pipe the test writes cues to.
     """
     return subprocess.Popen(
         [sys.executable, "-m", module, scenario, *map(str, args)],
         env=worker_env(),
         cwd=ROOT,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from django.db import connection
 
-from tests.conftest import BACKEND, ROOT, worker_env
+from tests.conftest import BACKEND
 from tests.history import load
 from tests.history_check import Report, check, summarize
 from tests.pgbouncer import ENABLED as PGBOUNCER
+from tests.processes import EventProcess
 
 #: Test-only server SQL, per ``connection.vendor`` (the one place that branches on it).
 SESSIONS = {
@@ -38,7 +36,7 @@ WAITING = {
 }
 
 
-class Worker:
+class Worker(EventProcess):
     """A ``tests.workers_reliability`` process recording into ``history``.
 
     Example::
@@ -49,31 +47,9 @@ class Worker:
 
     def __init__(self, history: Path, proc: str, scenario: str, *args: Any) -> None:
         self.proc = proc
-        self._stderr: IO[str] = open(history / f"{proc}.stderr", "w+")  # noqa: SIM115
         command = [sys.executable, "-m", "tests.workers_reliability", scenario]
         command += ["--history", str(history), "--proc", proc, *map(str, args)]
-        self.process = subprocess.Popen(
-            command,
-            env=worker_env(),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-        )
-        self.pid = self.process.pid
-        self._events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith("{"):
-                self._events.put(json.loads(line))
-        self._events.put(None)
-
-    def errors(self) -> str:
-        self._stderr.seek(0)
-        return self._stderr.read()
+        super().__init__(command, open(history / f"{proc}.stderr", "w+"))  # noqa: SIM115
 
     def event(self, timeout: float = 120) -> dict[str, Any]:
         """The next event the worker printed; fails with its stderr if it ended instead."""

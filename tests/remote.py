@@ -9,40 +9,25 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tests.conftest import ROOT, worker_env
+from tests.processes import EventProcess
 
 REPLY_TIMEOUT = 120.0
 
 
-class Remote:
+class Remote(EventProcess):
     """One worker process: ``call()`` runs a command there and returns its event."""
 
     def __init__(self, **env: str) -> None:
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in close()
-        self.process = subprocess.Popen(
+        super().__init__(
             [sys.executable, "-m", "tests.workers_rowlocks", "serve"],
-            env={**worker_env(), **env},
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
+            tempfile.TemporaryFile(mode="w+"),  # noqa: SIM115 - closed in close()
+            env=env,
+            stdin=True,
         )
-        self.pid = self.process.pid
-        self._events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith("{"):
-                self._events.put(json.loads(line))
-        self._events.put(None)  # the process ended
 
     def send(self, op: str, **args: Any) -> None:
         """Start a command without waiting for it (read its event with ``reply()``)."""
@@ -57,8 +42,7 @@ class Remote:
         except queue.Empty:
             raise AssertionError(f"worker {self.pid}: no reply in {timeout} s") from None
         if event is None:
-            self._stderr.seek(0)
-            raise AssertionError(f"worker {self.pid} ended:\n{self._stderr.read()}")
+            raise AssertionError(f"worker {self.pid} ended:\n{self.errors()}")
         return event
 
     def call(self, op: str, **args: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import django
@@ -72,6 +73,20 @@ def hold(name: str, ttl: float, seconds: float, holder: str = "") -> None:
         emit(event="lost", error=str(exc))
 
 
+def hold_on_cue(name: str, seconds: float) -> None:
+    """Like :func:`hold`, but call acquire only when a line arrives on stdin."""
+    import locks
+
+    locks.connection.get("default").ensure_connection()
+    emit(event="ready")
+    sys.stdin.readline()
+    lease = locks.acquire(name, ttl=30, timeout=60)
+    emit(event="acquired", token=lease.token)
+    time.sleep(seconds)
+    lease.release()
+    emit(event="released")
+
+
 def acquire_only(name: str, ttl: float, holder: str = "") -> None:
     """Acquire and exit without releasing (the lease outlives the process)."""
     import locks
@@ -112,17 +127,23 @@ SCENARIOS = {
     "auto_renew_exit": lambda a: auto_renew_exit(a[0], float(a[1])),
     "contend": lambda a: contend(int(a[0]), a[1], int(a[2]), float(a[3])),
     "hold": lambda a: hold(a[0], float(a[1]), float(a[2]), *a[3:]),
+    "hold_on_cue": lambda a: hold_on_cue(a[0], float(a[1])),
     "acquire_only": lambda a: acquire_only(a[0], float(a[1]), *a[2:]),
     "release_as": lambda a: release_as(a[0], a[1], float(a[2])),
     "probe": lambda a: probe(*a),
 }
 
 
-def main() -> None:
+def run(scenarios: dict[str, Callable[[list[str]], None]]) -> None:
+    """Set Django up and run the scenario named on the command line with its arguments."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     django.setup()
     scenario, *args = sys.argv[1:]
-    SCENARIOS[scenario](args)
+    scenarios[scenario](args)
+
+
+def main() -> None:
+    run(SCENARIOS)
 
 
 if __name__ == "__main__":

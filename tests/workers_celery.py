@@ -6,14 +6,11 @@ Each prints JSON events, one per line, on stdout.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import django
-
-from tests.workers import emit
+from tests.workers import emit, run
 
 WAIT = 120.0
 
@@ -119,10 +116,7 @@ SCENARIOS: dict[str, Any] = {
 
 
 def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-    django.setup()
-    scenario, *args = sys.argv[1:]
-    SCENARIOS[scenario](args)
+    run(SCENARIOS)
 
 
 if __name__ == "__main__":

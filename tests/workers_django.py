@@ -5,20 +5,12 @@ Each prints JSON events, one per line, on stdout.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
-import django
-
-
-def emit(**event: Any) -> None:
-    print(json.dumps(event, default=str), flush=True)
+from tests.workers import emit, run
 
 
 def get(url: str) -> None:
@@ -61,10 +53,7 @@ SCENARIOS = {
 
 
 def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-    django.setup()
-    scenario, *args = sys.argv[1:]
-    SCENARIOS[scenario](args)
+    run(SCENARIOS)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ prints JSON events on stdout for the test to follow. Fenced writes go to one
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -22,14 +21,12 @@ from typing import Any, TypeVar
 import django
 import time_machine
 
+from tests.workers import emit
+
 T = TypeVar("T")
 
 #: Test-only SQL that tells a connection's server session; the vendor branch is here only.
 SESSION_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
-
-
-def emit(**event: Any) -> None:
-    print(json.dumps(event, default=str), flush=True)
 
 
 def wait_for(gate: str, seconds: float = 120) -> None:

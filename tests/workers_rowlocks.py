@@ -18,9 +18,7 @@ from typing import Any
 
 import django
 
-
-def emit(**event: Any) -> None:
-    print(json.dumps(event, default=str), flush=True)
+from tests.workers import emit
 
 
 class Session:
