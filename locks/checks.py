@@ -13,7 +13,7 @@ from .conf import DEFAULTS, conf
 
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """locks.E001/E002, locks.W001: the ``LOCKS`` setting and what it points at."""
+    """locks.E001/E002/E004, locks.W001: the ``LOCKS`` setting and what it points at."""
     errors: list[CheckMessage] = []
     user = getattr(settings, "LOCKS", {})
     if not isinstance(user, dict):
@@ -27,6 +27,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="locks.E001",
             )
         )
+    for key in ("NOTIFY", "PREPARED_STATEMENTS"):
+        try:
+            conf.tri_state(key)
+        except TypeError as exc:
+            errors.append(
+                Error(
+                    f"{exc}.",
+                    hint="None means on, unless the database is reached through a "
+                    "transaction pooler (DISABLE_SERVER_SIDE_CURSORS).",
+                    id="locks.E004",
+                )
+            )
     if conf.DATABASE not in connections.settings:
         errors.append(
             Error(

@@ -33,8 +33,16 @@ DEFAULTS: dict[str, Any] = {
     # The auto-renew watchdog renews when this fraction of the TTL has passed.
     "RENEW_FRACTION": 1 / 3,
     # PostgreSQL: wake blocked acquires with LISTEN/NOTIFY (one listening connection per
-    # process and alias). Off: they poll with backoff, e.g. behind a pooler that drops LISTEN.
-    "NOTIFY": True,
+    # process and alias); off, they poll with backoff. None: on, unless the alias is set
+    # up for a transaction pooler (DISABLE_SERVER_SIDE_CURSORS, as for PgBouncer), where
+    # LISTEN does not work.
+    "NOTIFY": None,
+    # PostgreSQL: the app's own connections bind parameters on the server and prepare each
+    # lock statement once per session instead of having it parsed and planned every time.
+    # None: on, unless the alias is set up for a transaction pooler (as for NOTIFY) or
+    # its OPTIONS say "prepare_threshold": None. PgBouncer 1.21+ with
+    # max_prepared_statements follows prepared statements: set True there.
+    "PREPARED_STATEMENTS": None,
 }
 
 
@@ -75,9 +83,33 @@ class Settings:
     def REAP_BATCH_SIZE(self) -> int:
         return int(self._get("REAP_BATCH_SIZE"))
 
-    @property
-    def NOTIFY(self) -> bool:
-        return bool(self._get("NOTIFY"))
+    def notify(self, settings_dict: dict[str, Any]) -> bool:
+        """Whether blocked acquires on this database wait for NOTIFY (``NOTIFY``)."""
+        return self._unless_pooled("NOTIFY", settings_dict)
+
+    def prepared_statements(self, settings_dict: dict[str, Any]) -> bool:
+        """Whether our own connections to this database prepare (``PREPARED_STATEMENTS``)."""
+        options = settings_dict.get("OPTIONS") or {}
+        if self.tri_state("PREPARED_STATEMENTS") is None and (
+            "prepare_threshold" in options and options["prepare_threshold"] is None
+        ):
+            return False
+        return self._unless_pooled("PREPARED_STATEMENTS", settings_dict)
+
+    def tri_state(self, key: str) -> bool | None:
+        """A setting that is True, False or None (automatic); raises TypeError otherwise."""
+        value = self._get(key)
+        if not (value is None or isinstance(value, bool)):
+            raise TypeError(f"LOCKS[{key!r}]: must be True, False or None, not {value!r}")
+        return value
+
+    def _unless_pooled(self, key: str, settings_dict: dict[str, Any]) -> bool:
+        value = self.tri_state(key)
+        if value is None:
+            # Django asks for DISABLE_SERVER_SIDE_CURSORS behind a transaction pooler,
+            # which drops what these features rely on: session LISTEN, named statements.
+            return not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS", False)
+        return value
 
     @property
     def REAP_TIME_BUDGET(self) -> float | None:

@@ -14,7 +14,7 @@ import contextlib
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections
 
@@ -22,6 +22,7 @@ from .backends import for_connection
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.utils import CursorWrapper
 
 
 class _Closer:
@@ -39,6 +40,8 @@ class _Closer:
         for wrapper in self.wrappers.values():
             raw = wrapper.connection
             wrapper.connection = None
+            # The cached cursor points back at the wrapper: break that cycle now.
+            wrapper.__dict__.pop("locks_cursor", None)
             if raw is not None:
                 with contextlib.suppress(Exception):
                     raw.close()
@@ -78,10 +81,33 @@ def get(alias: str) -> BaseDatabaseWrapper:
     wrapper = _local.wrappers.get(alias)
     if wrapper is None:
         wrapper = connections.create_connection(alias)
+        # Our own copy: Django's wrapper shares the dict with settings.DATABASES.
+        wrapper.settings_dict = for_connection(wrapper).own_settings(dict(wrapper.settings_dict))
         wrapper.locks_own = True  # type: ignore[attr-defined]  # marks it for on_connect
         _local.wrappers[alias] = wrapper
         _alive.add(wrapper)
     return wrapper
+
+
+def cursor(wrapper: BaseDatabaseWrapper) -> CursorWrapper:
+    """A cursor on one of our connections, reused while the same session lasts.
+
+    A Django cursor costs two wrapper objects and a driver cursor per statement; lock
+    calls are short and many, so each session keeps one (a new one when Django starts or
+    stops logging queries, e.g. under ``CaptureQueriesContext``, whose cursor records them).
+
+    Example::
+
+        locks.connection.cursor(locks.connection.get("default")).execute("SELECT 1")
+    """
+    raw = wrapper.connection
+    logged = wrapper.queries_logged
+    cached = getattr(wrapper, "locks_cursor", None)
+    if raw is not None and cached is not None and cached[0] is raw and cached[1] is logged:
+        return cast("CursorWrapper", cached[2])
+    fresh = wrapper.cursor()
+    wrapper.locks_cursor = (wrapper.connection, logged, fresh)  # type: ignore[attr-defined]
+    return fresh
 
 
 def close_old() -> None:

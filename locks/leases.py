@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import math
 import random
 import threading
 import time
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import DatabaseError
 
 from . import connection, validation, waiting, watchdog
-from .backends import Backend, Released, for_connection
+from .backends import Backend, Grant, Released, for_connection
 from .conf import conf
 from .exceptions import LockBusy, LockError, LockLost
 from .identity import default_holder
@@ -30,10 +32,20 @@ T = TypeVar("T")
 
 HELD, RELEASED, LOST = "held", "released", "lost"
 
+#: Seconds a blocked acquire stays in the queue of its name without reaching the head
+#: before it looks at the lock itself (and queues again, at the back).
+QUEUE_PATIENCE = 2.0
+
+
+#: Each pause of a waiter's backoff is up to this much longer than the one before. A
+#: waiter notices a release one pause late at worst; growing by half (not doubling) keeps
+#: that under half the wait so far, for a few more attempts before BACKOFF_MAX.
+BACKOFF_GROWTH = 1.5
+
 
 def _backoff(attempt: int) -> float:
     """Exponential backoff, bounded, with jitter so waiters do not retry in lockstep."""
-    cap = min(conf.BACKOFF_MAX, conf.BACKOFF_MIN * 2.0 ** min(attempt, 30))
+    cap = min(conf.BACKOFF_MAX, conf.BACKOFF_MIN * BACKOFF_GROWTH ** min(attempt, 60))
     return cap / 2 + random.uniform(0, cap / 2)
 
 
@@ -47,8 +59,7 @@ def _execute(
         backend.check_caller(alias)
     for attempt in itertools.count():
         try:
-            with wrapper.cursor() as cursor:
-                return operation(backend, cursor)
+            return operation(backend, connection.cursor(wrapper))
         except DatabaseError as exc:
             if backend.is_transient(exc) and attempt < conf.TRANSIENT_RETRIES:
                 logger.debug("%s %r: transient error, retrying: %s", what, name, exc)
@@ -87,18 +98,24 @@ class _Request:
             raise TypeError(f"auto_renew must be True or False, not {auto_renew!r}")
         return cls(name, ttl, holder, _alias(using), validation.check_note(note), auto_renew)
 
-    def attempt(self) -> Lease | None:
+    def attempt(self, *, yield_to_queue: bool = False) -> Lease | None:
         started = time.monotonic()
         grant = _execute(
             self.using,
             "acquire",
             self.name,
             lambda backend, cursor: backend.acquire(
-                cursor, self.name, self.holder, self.ttl, self.note
+                cursor,
+                self.name,
+                self.holder,
+                self.ttl,
+                self.note,
+                yield_to_queue=yield_to_queue,
             ),
         )
-        if grant is None:
-            return None
+        return None if grant is None else self._lease(grant, started)
+
+    def _lease(self, grant: Grant, started: float) -> Lease:
         lease = Lease(
             name=self.name,
             holder=self.holder,
@@ -117,54 +134,99 @@ class _Request:
         return lease
 
     def wait(self, timeout: float | None) -> Lease:
-        lease = self.attempt()
+        wrapper = connection.get(self.using)
+        queues = for_connection(wrapper).supports_notify and conf.notify(wrapper.settings_dict)
+        # Blocked acquires queue (below), and a new one does not jump that queue.
+        lease = self.attempt(yield_to_queue=queues and timeout != 0)
         if lease is not None:
             return lease
         if timeout == 0:
             raise LockBusy(f"lock {self.name!r} is held by another holder")
         deadline = None if timeout is None else time.monotonic() + timeout
-        backend = for_connection(connection.get(self.using))
-        if backend.supports_notify and conf.NOTIFY:
+        if queues:
             listener = waiting.listener(self.using)
             woken = listener.subscribe(self.name)
             try:
-                return self._wait_for(deadline, timeout, backend, woken)
+                return self._wait_queued(deadline, timeout, woken)
             finally:
                 listener.unsubscribe(self.name, woken)
-        return self._wait_for(deadline, timeout, backend, None)
+        return self._wait_polling(deadline, timeout)
 
-    def _wait_for(
-        self,
-        deadline: float | None,
-        timeout: float | None,
-        backend: Backend,
-        woken: threading.Event | None,
-    ) -> Lease:
+    def _time_left(self, deadline: float | None, timeout: float | None) -> float:
+        """Seconds until ``deadline`` (infinite without one); raises LockBusy once it passed."""
+        if deadline is None:
+            return math.inf
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LockBusy(
+                f"lock {self.name!r} is held by another holder; gave up after {timeout:g} s"
+            )
+        return left
+
+    def _wait_polling(self, deadline: float | None, timeout: float | None) -> Lease:
         for attempt in itertools.count():
-            pause = _backoff(attempt)
-            if woken is not None:
-                # Flag the row so its release notifies us, and never sleep past its expiry.
-                left = _execute(
-                    self.using, "wait for", self.name,
-                    lambda b, cursor: b.mark_waiting(cursor, self.name),
-                )  # fmt: skip
-                pause = 0 if left is None else min(pause, left + 0.001)
-            now = time.monotonic()
-            if deadline is not None:
-                if now >= deadline:
-                    raise LockBusy(
-                        f"lock {self.name!r} is held by another holder; gave up after {timeout:g} s"
-                    )
-                pause = min(pause, deadline - now)
-            if woken is not None:
-                woken.wait(pause)
-                woken.clear()
-            else:
-                time.sleep(pause)
+            time.sleep(min(_backoff(attempt), self._time_left(deadline, timeout)))
             lease = self.attempt()
             if lease is not None:
                 return lease
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _enter_queue(self, patience: float) -> bool:
+        return _execute(
+            self.using, "wait for", self.name,
+            lambda b, cursor: b.enter_queue(cursor, self.name, patience),
+        )  # fmt: skip
+
+    def _wait_queued(
+        self, deadline: float | None, timeout: float | None, woken: threading.Event
+    ) -> Lease:
+        """Wait in the database's queue of this name's blocked acquires, then for the release.
+
+        Only the head of the queue flags the row and wakes on its release notification, so
+        a release wakes one waiter, and waiters get the lock in the order they came.
+        """
+        queued = False
+        try:
+            while True:
+                if not queued:
+                    queued = self._enter_queue(
+                        min(QUEUE_PATIENCE, self._time_left(deadline, timeout))
+                    )
+                    if not queued:
+                        self._time_left(deadline, timeout)
+                        # The queue did not move for a while (a holder that keeps the lock
+                        # long, or a stuck head): look at the lock itself, then queue again.
+                        lease = self.attempt()
+                        if lease is not None:
+                            return lease
+                        continue
+                    woken.clear()  # what came before is re-read by the attempt below
+                    attempt = 0
+                # Take the lock, or flag its row so that its release notifies us.
+                started = time.monotonic()
+                outcome = _execute(
+                    self.using, "acquire", self.name,
+                    lambda b, cursor: b.acquire_as_head(
+                        cursor, self.name, self.holder, self.ttl, self.note
+                    ),
+                )  # fmt: skip
+                if isinstance(outcome, Grant):
+                    queued = False
+                    return self._lease(outcome, started)
+                # Never sleep past the holder's expiry; backoff bounds the sleep in case a
+                # notification goes missing.
+                pause = min(_backoff(attempt), max(outcome, 0) + 0.001)
+                attempt += 1
+                woken.wait(min(pause, self._time_left(deadline, timeout)))
+                woken.clear()
+                self._time_left(deadline, timeout)
+        finally:
+            if queued:
+                with contextlib.suppress(DatabaseError):
+                    _execute(
+                        self.using, "stop waiting for", self.name,
+                        lambda b, cursor: b.leave_queue(cursor, self.name),
+                    )  # fmt: skip
 
 
 class Lease:

@@ -1,10 +1,12 @@
 """How a blocked acquire waits: woken by the server on release where it can, else backoff.
 
 On PostgreSQL one daemon thread per process and alias LISTENs on one connection and wakes
-the waiters of the released name; a waiter flags the row (``waiting``) after a failed
-attempt so that the release sends a notification. Every wait is also bounded (backoff,
-and never past the holder's expiry), so a lost notification, a listener that cannot
-connect, or PgBouncer in transaction pooling mode (which drops LISTEN) only cost latency.
+the waiters of the released name. Blocked acquires queue in the server first (see
+``_Request._wait_queued``), so only the head of a name's queue flags the row
+(``waiting``) for the release to send a notification. Every wait is also bounded
+(backoff, and never past the holder's expiry), so a lost notification or a listener that
+cannot connect only cost latency; behind a transaction pooler (which drops LISTEN) the
+app does not listen at all (``LOCKS["NOTIFY"]``).
 """
 
 from __future__ import annotations

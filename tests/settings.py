@@ -70,10 +70,6 @@ def _database(alias: str) -> dict[str, Any]:
 
 DATABASES = {alias: _database(alias) for alias in ("default", "other")}
 
-if BACKEND == "postgresql" and os.environ.get("LOCKS_TEST_PGBOUNCER"):
-    # As the README says for transaction pooling: LISTEN does not survive it.
-    LOCKS = {"NOTIFY": False}
-
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True

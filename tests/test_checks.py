@@ -42,6 +42,19 @@ def test_e002_database_must_be_configured() -> None:
     assert "nowhere" in messages[0].msg
 
 
+@override_settings(LOCKS={"NOTIFY": "off", "PREPARED_STATEMENTS": 0})
+def test_e004_tri_state_settings_take_only_true_false_none() -> None:
+    messages = checks.check_settings()
+    assert ids(messages) == ["locks.E004", "locks.E004"]
+    assert "'NOTIFY'" in messages[0].msg and "'off'" in messages[0].msg
+    assert "'PREPARED_STATEMENTS'" in messages[1].msg
+
+
+@override_settings(LOCKS={"NOTIFY": False, "PREPARED_STATEMENTS": None})
+def test_e004_accepts_booleans_and_none() -> None:
+    assert checks.check_settings() == []
+
+
 @override_settings(USE_TZ=False)
 def test_w001_use_tz_off_is_warned() -> None:
     assert ids(checks.check_settings()) == ["locks.W001"]

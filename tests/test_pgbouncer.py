@@ -33,3 +33,18 @@ def test_lock_statements_go_through_pgbouncer_in_transaction_pooling_mode() -> N
     ) as admin:
         config = {row[0]: row[1] for row in admin.execute("SHOW CONFIG").fetchall()}
     assert config["pool_mode"] == "transaction"
+
+
+def test_the_pooled_alias_turns_notify_and_prepared_statements_off_by_itself() -> None:
+    # tests/settings.py sets only what Django asks for behind PgBouncer
+    # (DISABLE_SERVER_SIDE_CURSORS), and no LOCKS setting at all.
+    from locks.conf import conf
+
+    own = locks.connection.get("default")
+    assert not conf.notify(own.settings_dict)
+    assert not conf.prepared_statements(own.settings_dict)
+    assert own.settings_dict["OPTIONS"].get("server_side_binding") is not True
+    for round_ in range(5):  # statements that a pooler would mix up if they were prepared
+        with locks.lock(f"orders:{round_}") as lease:
+            lease.renew()
+        locks.acquire("orders:x", timeout=1, holder=f"h{round_}").release()

@@ -56,9 +56,20 @@ class Backend:
     supports_notify = False
 
     def acquire(
-        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+        self,
+        cursor: CursorWrapper,
+        name: str,
+        holder: str,
+        ttl: float,
+        note: str,
+        *,
+        yield_to_queue: bool = False,
     ) -> Grant | None:
-        """Insert, take over an expired row, or re-enter; ``None`` if another holder has it."""
+        """Insert, take over an expired row, or re-enter; ``None`` if another holder has it.
+
+        ``yield_to_queue``: a free lock is not taken while another acquire is queued for it
+        (:meth:`enter_queue`), unless to re-enter. Only matters where :attr:`supports_notify`.
+        """
         raise NotImplementedError
 
     def renew(
@@ -124,9 +135,21 @@ class Backend:
             return None
         return (self.to_datetime(row[0]) - self.to_datetime(row[1])).total_seconds()
 
-    def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
-        """Ask to be notified when ``name`` is released; return the seconds its lease has
-        left, or ``None`` when nobody holds it any more (try again at once)."""
+    def enter_queue(self, cursor: CursorWrapper, name: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` s to be the first of this session's blocked acquires of
+        ``name``; False if the time ran out. Only where :attr:`supports_notify`."""
+        raise NotImplementedError
+
+    def acquire_as_head(
+        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+    ) -> Grant | float:
+        """The head of the queue's attempt: granted, the Grant (and the queue moves on);
+        refused, the row is flagged for a release notification and the answer is the
+        seconds the holder's lease has left."""
+        raise NotImplementedError
+
+    def leave_queue(self, cursor: CursorWrapper, name: str) -> None:
+        """Give the head of the queue of ``name`` to the next blocked acquire."""
         raise NotImplementedError
 
     def listen(self, raw: Any) -> None:
@@ -162,6 +185,10 @@ class Backend:
 
     def check_caller(self, alias: str) -> None:
         """Raise if a lock statement on ``alias`` would deadlock with the caller's transaction."""
+
+    def own_settings(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
+        """The settings of the app's own connections, made from the alias's settings."""
+        return settings_dict
 
     def on_connect(self, connection: BaseDatabaseWrapper) -> None:
         """Prepare a freshly opened connection of the app's own."""

@@ -93,7 +93,14 @@ class MySQLBackend(Backend):
     REAP = REAP
 
     def acquire(
-        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+        self,
+        cursor: CursorWrapper,
+        name: str,
+        holder: str,
+        ttl: float,
+        note: str,
+        *,
+        yield_to_queue: bool = False,
     ) -> Grant | None:
         cursor.execute(ACQUIRE, [name, holder, name, _micros(ttl), note])
         row = cursor.fetchone()

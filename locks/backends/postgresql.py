@@ -18,6 +18,8 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.db import DatabaseError
+
 from .base import Backend, Grant
 
 if TYPE_CHECKING:
@@ -51,6 +53,57 @@ WHERE l.expires_at <= statement_timestamp() OR l.holder = EXCLUDED.holder
 RETURNING token, count, acquired_at, expires_at
 """
 
+# Blocked acquires of one name queue for a session advisory lock on it (the "queue"),
+# in the server's lock manager, first come first served: only the one at the head
+# flags the row and waits for the release, so a release wakes one process, not all.
+# The head leaves the queue in the statement that grants it the lease.
+QUEUE_NAMESPACE = ADVISORY_NAMESPACE + 1
+# A blocked acquire's first try yields to the queue: it takes a free lock only when no
+# other acquire is queued for it (the transaction-scoped try fails while a queued session
+# holds the queue's lock), except to re-enter its own live holding. Its later tries, and
+# try_acquire, take a free lock whoever waits (as tryLock does in a fair Java lock).
+ACQUIRE_YIELDING = (
+    ACQUIRE.replace("\nVALUES (", "\nSELECT ")
+    .replace("%(holder)s, 1,", "CAST(%(holder)s AS text), 1,")
+    .replace(
+        "+ %(ttl)s, %(note)s)\nON CONFLICT",
+        f"""+ %(ttl)s, %(note)s
+WHERE pg_try_advisory_xact_lock({QUEUE_NAMESPACE}, hashtext(CAST(%(name)s AS text)))
+   OR EXISTS (SELECT 1 FROM locks_lock WHERE name = CAST(%(name)s AS text)
+              AND holder = CAST(%(holder)s AS text) AND expires_at > statement_timestamp())
+ON CONFLICT""",
+    )
+)
+# The head's attempt also flags a row it cannot take, in the same statement: its columns
+# change only when it is expired or the head's own. Granted, it lets the next waiter
+# to the head; that one's attempt then waits for this statement's commit (the conflict).
+EXPIRED = "l.expires_at <= statement_timestamp()"
+OURS = "l.holder = EXCLUDED.holder"
+ACQUIRE_AS_HEAD = (
+    ACQUIRE[: ACQUIRE.index("ON CONFLICT")]
+    + f"""ON CONFLICT (name) DO UPDATE SET
+    count = CASE WHEN {EXPIRED} THEN 1 WHEN {OURS} THEN l.count + 1 ELSE l.count END,
+    token = CASE WHEN {EXPIRED} THEN EXCLUDED.token ELSE l.token END,
+    acquired_at = CASE WHEN {EXPIRED} THEN EXCLUDED.acquired_at ELSE l.acquired_at END,
+    note = CASE WHEN {EXPIRED} THEN EXCLUDED.note ELSE l.note END,
+    waiting = CASE WHEN {EXPIRED} THEN false WHEN {OURS} THEN l.waiting ELSE true END,
+    holder = CASE WHEN {EXPIRED} OR {OURS} THEN EXCLUDED.holder ELSE l.holder END,
+    expires_at = CASE WHEN {EXPIRED} OR {OURS}
+                      THEN GREATEST(l.expires_at, EXCLUDED.expires_at) ELSE l.expires_at END
+RETURNING token, count, acquired_at, expires_at, holder = %(holder)s,
+    extract(epoch FROM expires_at - statement_timestamp()),
+    CASE WHEN holder = %(holder)s
+         THEN pg_advisory_unlock({QUEUE_NAMESPACE}, hashtext(CAST(%(name)s AS text))) END
+"""
+)
+# The MATERIALIZED CTE runs first, so lock_timeout (this statement's only: is_local)
+# bounds the wait that follows.
+ENTER_QUEUE = f"""
+WITH bound AS MATERIALIZED (SELECT set_config('lock_timeout', %s, true))
+SELECT pg_advisory_lock({QUEUE_NAMESPACE}, hashtext(CAST(%s AS text))) FROM bound
+"""
+LEAVE_QUEUE = f"SELECT pg_advisory_unlock({QUEUE_NAMESPACE}, hashtext(CAST(%s AS text)))"
+
 RENEW = """
 UPDATE locks_lock SET expires_at = GREATEST(expires_at, statement_timestamp() + %s)
 WHERE name = %s AND holder = %s AND token = %s AND expires_at > statement_timestamp()
@@ -73,12 +126,6 @@ BREAK = f"DELETE FROM locks_lock WHERE name = %s RETURNING {NOTIFY_IF_WAITING}"
 
 BREAK_HOLDING = f"""
 DELETE FROM locks_lock WHERE name = %s AND token = %s RETURNING {NOTIFY_IF_WAITING}
-"""
-
-MARK_WAITING = """
-UPDATE locks_lock SET waiting = true
-WHERE name = %s AND expires_at > statement_timestamp()
-RETURNING extract(epoch FROM expires_at - statement_timestamp())
 """
 
 RELEASE_REENTRY = """
@@ -116,6 +163,10 @@ LOCK_NOT_AVAILABLE = "55P03"  # NOWAIT, or lock_timeout ran out
 DEADLOCK = "40P01"
 
 
+def _acquire_params(name: str, holder: str, ttl: float, note: str) -> dict[str, Any]:
+    return {"name": name, "holder": holder, "ttl": timedelta(seconds=ttl), "note": note}
+
+
 class PostgreSQLBackend(Backend):
     vendor = "postgresql"
     NOW = "statement_timestamp()"
@@ -125,16 +176,42 @@ class PostgreSQLBackend(Backend):
     supports_notify = True
 
     def acquire(
-        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+        self,
+        cursor: CursorWrapper,
+        name: str,
+        holder: str,
+        ttl: float,
+        note: str,
+        *,
+        yield_to_queue: bool = False,
     ) -> Grant | None:
-        params: dict[str, Any] = {
-            "name": name,
-            "holder": holder,
-            "ttl": timedelta(seconds=ttl),
-            "note": note,
-        }
-        cursor.execute(ACQUIRE, params)
+        params = _acquire_params(name, holder, ttl, note)
+        cursor.execute(ACQUIRE_YIELDING if yield_to_queue else ACQUIRE, params)
         return self.grant(cursor.fetchone())
+
+    def acquire_as_head(
+        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+    ) -> Grant | float:
+        cursor.execute(ACQUIRE_AS_HEAD, _acquire_params(name, holder, ttl, note))
+        row = cursor.fetchone()
+        if row[4]:
+            grant = self.grant(row)
+            assert grant is not None
+            return grant
+        return float(row[5])
+
+    def enter_queue(self, cursor: CursorWrapper, name: str, timeout: float) -> bool:
+        milliseconds = max(1, math.ceil(timeout * 1000))
+        try:
+            cursor.execute(ENTER_QUEUE, [f"{milliseconds}ms", name])
+        except DatabaseError as exc:
+            if self.is_lock_busy(exc):
+                return False
+            raise
+        return True
+
+    def leave_queue(self, cursor: CursorWrapper, name: str) -> None:
+        cursor.execute(LEAVE_QUEUE, [name])
 
     def renew(
         self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
@@ -152,11 +229,6 @@ class PostgreSQLBackend(Backend):
         cursor.execute(BREAK_HOLDING, [name, token])
         return cursor.fetchone() is not None
 
-    def mark_waiting(self, cursor: CursorWrapper, name: str) -> float | None:
-        cursor.execute(MARK_WAITING, [name])
-        row = cursor.fetchone()
-        return None if row is None else float(row[0])
-
     def listen(self, raw: Any) -> None:
         raw.execute(f"LISTEN {CHANNEL}")
 
@@ -166,6 +238,21 @@ class PostgreSQLBackend(Backend):
 
     def is_transient(self, exc: BaseException) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) in TRANSIENT_SQLSTATES
+
+    def own_settings(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
+        from ..conf import conf
+
+        if not conf.prepared_statements(settings_dict):
+            return settings_dict
+        # Django binds client-side by default, so the server would parse and plan every
+        # lock statement anew; bound on the server and prepared on first use, it does that
+        # once per session. (prepare_threshold=0: psycopg prepares at the first execute.)
+        options = {
+            **settings_dict.get("OPTIONS", {}),
+            "server_side_binding": True,
+            "prepare_threshold": 0,
+        }
+        return {**settings_dict, "OPTIONS": options}
 
     def on_connect(self, connection: BaseDatabaseWrapper) -> None:
         with connection.cursor() as cursor:

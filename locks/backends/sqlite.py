@@ -111,7 +111,14 @@ class SQLiteBackend(Backend):
     has_row_locks = False
 
     def acquire(
-        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+        self,
+        cursor: CursorWrapper,
+        name: str,
+        holder: str,
+        ttl: float,
+        note: str,
+        *,
+        yield_to_queue: bool = False,
     ) -> Grant | None:
         params: dict[str, Any] = {
             "name": name,

@@ -1,0 +1,180 @@
+"""PostgreSQL: blocked acquires queue in the server's lock manager, first come first served.
+
+Only the head of a name's queue waits for the release notification, so a release wakes
+one waiting process, and a new blocking acquire does not jump the queue.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from django.db import connection
+
+import locks
+from locks.backends.postgresql import QUEUE_NAMESPACE
+from locks.leases import QUEUE_PATIENCE
+from locks.models import Lock
+from tests import pgbouncer
+from tests.conftest import finish, read_event, spawn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def queues(backend: str) -> None:
+    if backend != "postgresql":
+        pytest.skip("the queue of blocked acquires is PostgreSQL's (with LISTEN/NOTIFY)")
+    if pgbouncer.ENABLED:
+        pytest.skip("session advisory locks do not survive PgBouncer's transaction pooling")
+
+
+def queue_locks() -> tuple[int, int]:
+    """(granted, waiting) session advisory locks of the queue namespace, in every session."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) "
+            "FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2",
+            [QUEUE_NAMESPACE],
+        )
+        granted, waiting = cursor.fetchone()
+    return int(granted), int(waiting)
+
+
+def wait_for_queue(granted: int, waiting: int) -> None:
+    deadline = time.monotonic() + 30
+    while queue_locks() != (granted, waiting):
+        assert time.monotonic() < deadline, f"queue is {queue_locks()}, not {(granted, waiting)}"
+        time.sleep(0.01)
+
+
+def wait_for_head(name: str) -> None:
+    """Until a waiter is the head of the queue for ``name``, the only one in it."""
+    # One granted queue lock can also be a first attempt's transaction lock, taken to see
+    # an empty queue; the head has entered the queue once it has flagged the row.
+    deadline = time.monotonic() + 30
+    while not Lock.objects.get(name=name).waiting:
+        assert time.monotonic() < deadline, f"no waiter flagged {name}"
+        time.sleep(0.01)
+    wait_for_queue(granted=1, waiting=0)
+
+
+@pytest.fixture
+def stuck_queue() -> Iterator[None]:
+    """A session that queued for orders:1 and never goes on (a paused waiter, say)."""
+    params = connection.get_connection_params()
+    with psycopg.connect(
+        host=params.get("host"),
+        port=params.get("port"),
+        user=params.get("user"),
+        dbname=params["dbname"],
+        autocommit=True,
+    ) as stuck:
+        stuck.execute(
+            "SELECT pg_advisory_lock(%s, hashtext('orders:1'))", [QUEUE_NAMESPACE], prepare=False
+        )
+        yield
+
+
+def test_waiters_get_the_lock_in_the_order_they_came() -> None:
+    held = locks.acquire("orders:1", ttl=60, holder="first")
+    workers = [spawn("hold_on_cue", "orders:1", 0.05, stdin=True) for _ in range(3)]
+    try:
+        for worker in workers:
+            assert read_event(worker)["event"] == "ready"
+        for position, worker in enumerate(workers):
+            assert worker.stdin is not None
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+            if position == 0:
+                wait_for_head("orders:1")
+            else:
+                wait_for_queue(granted=1, waiting=position)
+        held.release()
+        tokens = [next(e["token"] for e in finish(w) if e["event"] == "acquired") for w in workers]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+    assert tokens == sorted(tokens), "the lock went to the waiters out of their order"
+    assert tokens[0] > held.token
+    assert queue_locks() == (0, 0)
+
+
+@pytest.mark.usefixtures("stuck_queue")
+def test_a_blocking_acquire_does_not_take_a_free_lock_from_a_queued_waiter() -> None:
+    with pytest.raises(locks.LockBusy):
+        locks.acquire("orders:1", timeout=min(0.5, QUEUE_PATIENCE / 2))
+    assert not locks.is_locked("orders:1")
+
+
+@pytest.mark.usefixtures("stuck_queue")
+def test_try_acquire_and_timeout_zero_take_a_free_lock_whoever_waits() -> None:
+    lease = locks.try_acquire("orders:1")
+    assert lease is not None
+    lease.release()
+    locks.acquire("orders:1", timeout=0).release()
+
+
+@pytest.mark.usefixtures("stuck_queue")
+def test_the_holder_re_enters_past_the_queue() -> None:
+    lease = locks.acquire("orders:1", timeout=0)
+    inner = locks.acquire("orders:1", timeout=1)
+    assert (inner.token, inner.count) == (lease.token, 2)
+    inner.release()
+    lease.release()
+
+
+@pytest.mark.usefixtures("stuck_queue")
+def test_a_stuck_queue_delays_a_free_lock_by_the_queue_patience_only() -> None:
+    started = time.monotonic()
+    lease = locks.acquire("orders:1", timeout=QUEUE_PATIENCE * 5)
+    waited = time.monotonic() - started
+    lease.release()
+    assert QUEUE_PATIENCE * 0.9 <= waited < QUEUE_PATIENCE * 5
+
+
+def test_a_waiter_that_gives_up_leaves_the_queue() -> None:
+    held = locks.acquire("orders:1", holder="first")
+    worker = spawn("hold_on_cue", "orders:1", 0, stdin=True)
+    try:
+        assert read_event(worker)["event"] == "ready"
+        assert worker.stdin is not None
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+        wait_for_head("orders:1")
+        with pytest.raises(locks.LockBusy):
+            locks.acquire("orders:1", timeout=0.3, holder="second")
+        assert queue_locks() == (1, 0)  # the worker's, not ours
+        held.release()
+        finish(worker)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert queue_locks() == (0, 0)
+
+
+def test_the_heads_attempt_flags_a_live_foreign_row_and_changes_nothing_else() -> None:
+    from locks.backends import Grant, for_connection
+    from locks.models import Lock
+
+    own = locks.connection.get("default")
+    backend = for_connection(own)
+    lease = locks.acquire("orders:1", ttl=30, holder="first", note="mine")
+    before = Lock.objects.values().get(name="orders:1")
+    left = backend.acquire_as_head(locks.connection.cursor(own), "orders:1", "second", 99, "x")
+    after = Lock.objects.values().get(name="orders:1")
+    assert isinstance(left, float) and 0 < left <= 30
+    assert after == {**before, "waiting": True}
+    # Its own live holding: a re-entry, same token.
+    again = backend.acquire_as_head(locks.connection.cursor(own), "orders:1", "first", 30, "")
+    assert isinstance(again, Grant) and (again.token, again.count) == (lease.token, 2)
+    # An expired one: taken over with a higher token, the flag cleared.
+    locks.acquire("orders:2", ttl=0.01, holder="gone")
+    time.sleep(0.05)
+    taken = backend.acquire_as_head(locks.connection.cursor(own), "orders:2", "third", 30, "")
+    assert isinstance(taken, Grant) and taken.count == 1 and taken.token > lease.token
+    row = Lock.objects.get(name="orders:2")
+    assert (row.holder, row.waiting) == ("third", False)
