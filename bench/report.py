@@ -27,8 +27,8 @@ HOW = """\
 - `scripts/bench [options]`; every option: `scripts/bench --help`. `--quick` (short runs,
   one repeat, 100,000 rows for (e)), `--scenarios a,c`, `--repeat N` (default 3),
   `--duration S` (seconds per measurement, default 2), `--reap-rows N` (default 1,000,000),
-  `--backends postgresql,mariadb,sqlite,redis`, `--contenders` (any of `locks`, `floor`,
-  `pg_advisory`, `get_lock`, `db_mutex`, `django_mysql`, `redis_lock`), and `--out`,
+  `--backends postgresql,mariadb,sqlite,redis`, `--contenders` (any of `locks`, `locks_pooled`,
+  `floor`, `pg_advisory`, `get_lock`, `db_mutex`, `django_mysql`, `redis_lock`), and `--out`,
   `--json`, `--plot` for the output paths.
 - Databases: `locks_bench_<checkout tag>` on PostgreSQL and MariaDB (`LOCKS_BENCH_DB_NAME`
   overrides; created and migrated by the run, kept for the next), the SQLite file

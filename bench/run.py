@@ -21,7 +21,7 @@ SCENARIOS = "abcde"
 BACKENDS = ["postgresql", "mariadb", "sqlite", "redis"]
 ALL_FAMILIES = [
     "locks",
-    "locks_prepared",
+    "locks_pooled",
     "floor",
     "pg_advisory",
     "get_lock",

@@ -55,13 +55,9 @@ DATABASES: dict[str, dict[str, Any]] = {
         "OPTIONS": {"charset": "utf8mb4"},
     },
 }
-# The same PostgreSQL database through a connection that binds parameters on the server
-# and prepares statements (Django's default is client-side binding, nothing prepared, so
-# that transaction-pooling PgBouncer works): the "locks_prepared" contender.
-DATABASES["postgresql_prepared"] = {
-    **DATABASES["postgresql"],
-    "OPTIONS": {"server_side_binding": True, "prepare_threshold": 2},
-}
+# The same PostgreSQL database set up as Django's docs ask behind a transaction pooler:
+# the app then neither prepares nor LISTENs (the "locks_pooled" contender).
+DATABASES["postgresql_pooled"] = {**DATABASES["postgresql"], "DISABLE_SERVER_SIDE_CURSORS": True}
 DATABASE_ROUTERS = ["bench.router.PeerRouter"]
 
 SECRET_KEY = "bench-only-not-secret"

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from .app import App, AppPrepared
+from .app import App, AppPooled
 from .base import Busy, Contender
 from .native import Floor, GetLock, PgAdvisory
 from .peers import DBMutex, DjangoMySQL, RedisLock
 
 FAMILIES: list[type[Contender]] = [
     App,
-    AppPrepared,
+    AppPooled,
     Floor,
     PgAdvisory,
     GetLock,

@@ -88,18 +88,20 @@ class App(DjangoCounting, Contender):
         return locks.reap_expired(batch_size=1000, using=self.using)
 
 
-class AppPrepared(App):
-    """This app on PostgreSQL with server-side binding and prepared statements (a setting).
+class AppPooled(App):
+    """This app on PostgreSQL set up as behind a transaction pooler (PgBouncer).
 
-    Same database as ``locks/postgresql``, through the alias ``postgresql_prepared``.
+    Same database as ``locks/postgresql``, through the alias ``postgresql_pooled``
+    (``DISABLE_SERVER_SIDE_CURSORS``), where the app turns off LISTEN/NOTIFY, the waiters'
+    queue and prepared statements by itself: what these features are worth.
 
     Example::
 
-        AppPrepared("postgresql").probe()  # None when it can run
+        AppPooled("postgresql").probe()  # None when it can run
     """
 
-    family = "locks_prepared"
-    title = "locks, prepared statements"
+    family = "locks_pooled"
+    title = "locks, as behind a transaction pooler"
     backends: ClassVar[tuple[str, ...]] = ("postgresql",)
     scenarios = frozenset("abcd")
 
@@ -107,18 +109,15 @@ class AppPrepared(App):
         from django.db import DatabaseError
 
         try:
-            lease = locks.try_acquire("bench:probe", ttl=5, using="postgresql_prepared")
+            lease = locks.try_acquire("bench:probe", ttl=5, using="postgresql_pooled")
             if lease is not None:
                 lease.release()
         except DatabaseError as exc:
-            return (
-                "the app's statements fail on a PostgreSQL connection with "
-                f"OPTIONS server_side_binding=True: {str(exc).splitlines()[0]}"
-            )
+            return f"the pooled alias does not work: {str(exc).splitlines()[0]}"
         finally:
             db.close_all()
         return None
 
     def open(self) -> None:
-        self.using = "postgresql_prepared"
+        self.using = "postgresql_pooled"
         self.install_counter([self.using], own=True)
