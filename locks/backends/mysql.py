@@ -33,12 +33,16 @@ STRIPES = 1024
 NOW = "UTC_TIMESTAMP(6)"
 EXPIRED = f"expires_at <= {NOW}"
 
+# The stripe's row lock is held to the end of the statement, so the token is drawn and
+# granted (or dropped) before any other acquire of a name on that stripe draws one.
+TOKEN_DRAW = f"""(SELECT NEXTVAL(locks_token_seq) FROM locks_stripe
+      WHERE id = MOD(CRC32(%s), {STRIPES}) FOR UPDATE)"""
+
 ACQUIRE = f"""
 INSERT INTO locks_lock (name, holder, count, token, acquired_at, expires_at, note)
 VALUES (
     %s, %s, 1,
-    (SELECT NEXTVAL(locks_token_seq) FROM locks_stripe
-      WHERE id = MOD(CRC32(%s), {STRIPES}) FOR UPDATE),
+    {TOKEN_DRAW},
     {NOW}, {NOW} + INTERVAL %s MICROSECOND, %s)
 ON DUPLICATE KEY UPDATE
     count = IF({EXPIRED}, 1, IF(holder = VALUES(holder), count + 1, count)),
