@@ -3,16 +3,19 @@
 Each database call runs in a worker thread (asgiref's ``sync_to_async`` with
 ``thread_sensitive=False``) on that thread's own autocommit connection, which is tidied up
 afterwards like Django tidies its own (``CONN_MAX_AGE``). Waiting for a busy lock sleeps on
-the event loop, so a waiter holds no thread. The default holder is one per asyncio task, so
+the event loop, so a waiter holds no thread; on PostgreSQL the release notification wakes
+it (``locks.waiting``). The default holder is one per asyncio task, so
 two tasks on one loop exclude each other like two threads do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
+import math
 import time
 import weakref
 from collections.abc import Callable
@@ -22,11 +25,12 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.db import connections
 
-from . import connection, validation
+from . import connection, validation, waiting
 from .exceptions import LockBusy
 from .identity import default_holder, unique_holder
-from .leases import RELEASED, Lease, _backoff, _end, _Request
+from .leases import RELEASED, Lease, _backoff, _end, _Request, notifies
 
 logger = logging.getLogger("locks")
 P = ParamSpec("P")
@@ -88,17 +92,17 @@ def _release_quietly(lease: Lease) -> None:
         logger.warning("could not release lock %r after a cancelled acquire", lease.name)
 
 
-async def _attempt(request: _Request) -> Lease | None:
+async def _attempt(attempt: Callable[[], T]) -> T:
     """One attempt; if the caller is cancelled meanwhile, a lease it won is released."""
-    future = asyncio.ensure_future(run_sync(request.attempt))
+    future = asyncio.ensure_future(run_sync(attempt))
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
 
-        def release_won(done: asyncio.Future[Lease | None]) -> None:
+        def release_won(done: asyncio.Future[T]) -> None:
             if not done.cancelled() and done.exception() is None:
                 won = done.result()
-                if won is not None:
+                if isinstance(won, Lease):
                     cleanup = asyncio.ensure_future(run_sync(_release_quietly, won))
                     _background.add(cleanup)  # the loop keeps only weak references
                     cleanup.add_done_callback(_background.discard)
@@ -107,21 +111,65 @@ async def _attempt(request: _Request) -> Lease | None:
         raise
 
 
+class _LoopEvent:
+    """An ``asyncio.Event`` that the listener's thread can set."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+
+    def set(self) -> None:
+        self._loop.call_soon_threadsafe(self.event.set)
+
+
 async def _wait(request: _Request, timeout: float | None) -> Lease:
     deadline = None if timeout is None else time.monotonic() + timeout
+    lease = await _attempt(request.attempt)
+    if lease is not None:
+        return lease
+    _left(request, timeout, deadline)
+    if notifies(connections[request.using]):
+        return await _wait_notified(request, timeout, deadline)
     for attempt in itertools.count():
-        lease = await _attempt(request)
+        await asyncio.sleep(min(_backoff(attempt), _left(request, timeout, deadline)))
+        lease = await _attempt(request.attempt)
         if lease is not None:
             return lease
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            raise LockBusy(
-                f"lock {request.name!r} is held by another holder"
-                + (f"; gave up after {timeout:g} s" if timeout else "")
-            )
-        pause = _backoff(attempt)
-        await asyncio.sleep(pause if deadline is None else min(pause, deadline - now))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _wait_notified(request: _Request, timeout: float | None, deadline: float | None) -> Lease:
+    """Wait for the release notification, as a sync waiter does, but not in the queue: a
+    place in it is a session lock, which would stay on one pool thread's connection."""
+    listener = waiting.listener(request.using)
+    woken = await run_sync(listener.subscribe, request.name, _LoopEvent())
+    try:
+        for attempt in itertools.count():
+            woken.event.clear()  # what came before is re-read by the attempt below
+            outcome = await _attempt(functools.partial(request.attempt_as_head, queued=False))
+            if isinstance(outcome, Lease):
+                return outcome
+            # Never past the holder's expiry; backoff in case a notification goes missing.
+            left = _left(request, timeout, deadline)
+            pause = min(_backoff(attempt), max(outcome, 0) + 0.001, left)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.event.wait(), pause)
+    finally:
+        listener.unsubscribe(request.name, woken)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _left(request: _Request, timeout: float | None, deadline: float | None) -> float:
+    """Seconds until ``deadline`` (infinite without one); raises LockBusy once it passed."""
+    if deadline is None:
+        return math.inf
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise LockBusy(
+            f"lock {request.name!r} is held by another holder"
+            + (f"; gave up after {timeout:g} s" if timeout else "")
+        )
+    return left
 
 
 def _build(name: Any, ttl: Any, holder: Any, using: Any, note: Any, auto_renew: Any) -> _Request:
@@ -174,7 +222,7 @@ async def atry_acquire(
         if lease is None:
             return
     """
-    return await _attempt(_build(name, ttl, holder, using, note, auto_renew))
+    return await _attempt(_build(name, ttl, holder, using, note, auto_renew).attempt)
 
 
 class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator):

@@ -25,6 +25,7 @@ from .exceptions import LockBusy, LockError, LockLost
 from .identity import default_holder
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.utils import CursorWrapper
 
 logger = logging.getLogger("locks")
@@ -70,6 +71,11 @@ def _execute(
             exc.add_note(f"locks: while trying to {what} lock {name!r} on database {alias!r}")
             raise
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def notifies(wrapper: BaseDatabaseWrapper) -> bool:
+    """Whether blocked acquires on this connection's database wait for release notifications."""
+    return for_connection(wrapper).supports_notify and conf.notify(wrapper.settings_dict)
 
 
 def _alias(using: Any) -> str:
@@ -133,9 +139,20 @@ class _Request:
             watchdog.watch(lease, lease._renew_interval())
         return lease
 
+    def attempt_as_head(self, *, queued: bool = True) -> Lease | float:
+        """Take the lock, or flag its row so that its release notifies; then the seconds its
+        holder has left. Only where the backend :attr:`supports_notify`."""
+        started = time.monotonic()
+        outcome = _execute(
+            self.using, "acquire", self.name,
+            lambda b, cursor: b.acquire_as_head(
+                cursor, self.name, self.holder, self.ttl, self.note, queued=queued
+            ),
+        )  # fmt: skip
+        return self._lease(outcome, started) if isinstance(outcome, Grant) else outcome
+
     def wait(self, timeout: float | None) -> Lease:
-        wrapper = connection.get(self.using)
-        queues = for_connection(wrapper).supports_notify and conf.notify(wrapper.settings_dict)
+        queues = notifies(connection.get(self.using))
         # Blocked acquires queue (below), and a new one does not jump that queue.
         lease = self.attempt(yield_to_queue=queues and timeout != 0)
         if lease is not None:
@@ -145,7 +162,7 @@ class _Request:
         deadline = None if timeout is None else time.monotonic() + timeout
         if queues:
             listener = waiting.listener(self.using)
-            woken = listener.subscribe(self.name)
+            woken = listener.subscribe(self.name, threading.Event())
             try:
                 return self._wait_queued(deadline, timeout, woken)
             finally:
@@ -202,17 +219,10 @@ class _Request:
                         continue
                     woken.clear()  # what came before is re-read by the attempt below
                     attempt = 0
-                # Take the lock, or flag its row so that its release notifies us.
-                started = time.monotonic()
-                outcome = _execute(
-                    self.using, "acquire", self.name,
-                    lambda b, cursor: b.acquire_as_head(
-                        cursor, self.name, self.holder, self.ttl, self.note
-                    ),
-                )  # fmt: skip
-                if isinstance(outcome, Grant):
-                    queued = False
-                    return self._lease(outcome, started)
+                outcome = self.attempt_as_head()
+                if isinstance(outcome, Lease):
+                    queued = False  # the granting statement moved the queue on
+                    return outcome
                 # Never sleep past the holder's expiry; backoff bounds the sleep in case a
                 # notification goes missing.
                 pause = min(_backoff(attempt), max(outcome, 0) + 0.001)

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from django.db import connections
 
@@ -30,20 +30,31 @@ logger = logging.getLogger("locks.waiting")
 IDLE_SECONDS = 10.0
 
 
+class Wakeable(Protocol):
+    """What a waiter gives the listener to be woken with: a ``threading.Event``, say."""
+
+    def set(self) -> None: ...
+
+
+W = TypeVar("W", bound=Wakeable)
+
+
 class Listener:
     """One LISTEN connection of this process for one database alias."""
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
         self._mutex = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = {}
+        self._waiters: dict[str, set[Wakeable]] = {}
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def subscribe(self, name: str) -> threading.Event:
-        """Return an event set whenever ``name`` is released (or notifications were lost)."""
-        event = threading.Event()
+    def subscribe(self, name: str, event: W) -> W:
+        """Set ``event`` whenever ``name`` is released (or notifications were lost).
+
+        Returns ``event``. Blocks until the listener listens, for a second at most.
+        """
         with self._mutex:
             self._waiters.setdefault(name, set()).add(event)
             if self._thread is None or not self._thread.is_alive():
@@ -57,7 +68,7 @@ class Listener:
         self._ready.wait(1.0)
         return event
 
-    def unsubscribe(self, name: str, event: threading.Event) -> None:
+    def unsubscribe(self, name: str, event: Wakeable) -> None:
         with self._mutex:
             events = self._waiters.get(name)
             if events is not None:
@@ -127,7 +138,7 @@ def listener(alias: str) -> Listener:
 
     Example::
 
-        event = listener("default").subscribe("orders:42")
+        event = listener("default").subscribe("orders:42", threading.Event())
     """
     with _listeners_mutex:
         found = _listeners.get(alias)

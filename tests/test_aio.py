@@ -10,21 +10,25 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
-from django.test import AsyncClient
+from django.db import connections
+from django.test import AsyncClient, override_settings
 
 import locks
+from locks import waiting
 from locks.aio import run_sync, task_holder
 from locks.identity import default_holder
 from locks.models import Lock
+from tests import pgbouncer
 from tests.conftest import ROOT, finish, spawn, worker_env
 from tests.test_decorators import OTHER, http, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
+T = TypeVar("T")
 
 
 def test_aacquire_and_arelease() -> None:
@@ -147,6 +151,49 @@ def test_waiting_for_a_busy_lock_does_not_block_the_event_loop() -> None:
     assert 1.95 <= waited < 60
     # Every 20 ms, ideally 100 ticks; a loop blocked between attempts ticks once per attempt.
     assert ticks >= 25
+
+
+@override_settings(LOCKS={"BACKOFF_MIN": 10.0, "BACKOFF_MAX": 10.0})
+def test_an_async_waiter_is_woken_by_the_release_notification_without_queueing(
+    backend: str,
+) -> None:
+    if backend != "postgresql" or pgbouncer.ENABLED:
+        pytest.skip("release notifications are PostgreSQL's LISTEN/NOTIFY (not behind a pooler)")
+    from tests.test_queue import queue_locks
+
+    held = locks.acquire("aio:woken", ttl=60, holder=OTHER)
+
+    def in_pool_thread(query: Callable[[], T]) -> Callable[[], T]:
+        def run() -> T:
+            try:
+                return query()
+            finally:
+                connections.close_all()  # this pool thread's, or the test database stays in use
+
+        return run
+
+    flagged = Lock.objects.filter(name="aio:woken", waiting=True).exists
+
+    async def main() -> tuple[float, tuple[int, int], locks.Lease]:
+        waiter = asyncio.create_task(locks.aacquire("aio:woken", ttl=30, timeout=30))
+        # The waiter flags the row it cannot take, so that its release notifies.
+        while not await run_sync(in_pool_thread(flagged)):
+            assert not waiter.done(), waiter
+            await asyncio.sleep(0.01)
+        queue = await run_sync(in_pool_thread(queue_locks))
+        released = time.monotonic()
+        await run_sync(held.release)
+        lease = await waiter
+        woke_after = time.monotonic() - released
+        await lease.arelease()
+        return woke_after, queue, lease
+
+    woke_after, queue, lease = asyncio.run(main())
+    # Backoff alone would have slept 5-10 s; the notification wakes it at once.
+    assert woke_after < 3, woke_after
+    assert lease.token > held.token
+    assert queue == (0, 0), "an async waiter does not take a place in the queue"
+    assert not waiting.listener("default")._waiters, "the waiter's subscription was left behind"
 
 
 def test_broken_lease_raises_lock_lost_on_arenew_and_arelease() -> None:

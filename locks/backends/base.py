@@ -141,11 +141,19 @@ class Backend:
         raise NotImplementedError
 
     def acquire_as_head(
-        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+        self,
+        cursor: CursorWrapper,
+        name: str,
+        holder: str,
+        ttl: float,
+        note: str,
+        *,
+        queued: bool = True,
     ) -> Grant | float:
         """The head of the queue's attempt: granted, the Grant (and the queue moves on);
         refused, the row is flagged for a release notification and the answer is the
-        seconds the holder's lease has left."""
+        seconds the holder's lease has left. ``queued=False``: the same for a waiter that
+        is not in the queue (an async one), which leaves the queue alone."""
         raise NotImplementedError
 
     def leave_queue(self, cursor: CursorWrapper, name: str) -> None:

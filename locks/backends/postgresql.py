@@ -96,6 +96,9 @@ RETURNING token, count, acquired_at, expires_at, holder = %(holder)s,
          THEN pg_advisory_unlock({QUEUE_NAMESPACE}, hashtext(CAST(%(name)s AS text))) END
 """
 )
+# An async waiter's attempt: it waits on the event loop, not in the queue (a session lock
+# would stay with whichever pool thread's connection took it), so it has no queue to leave.
+ACQUIRE_FLAGGING = ACQUIRE_AS_HEAD[: ACQUIRE_AS_HEAD.index(",\n    CASE WHEN holder")] + "\n"
 # The MATERIALIZED CTE runs first, so lock_timeout (this statement's only: is_local)
 # bounds the wait that follows.
 ENTER_QUEUE = f"""
@@ -190,9 +193,17 @@ class PostgreSQLBackend(Backend):
         return self.grant(cursor.fetchone())
 
     def acquire_as_head(
-        self, cursor: CursorWrapper, name: str, holder: str, ttl: float, note: str
+        self,
+        cursor: CursorWrapper,
+        name: str,
+        holder: str,
+        ttl: float,
+        note: str,
+        *,
+        queued: bool = True,
     ) -> Grant | float:
-        cursor.execute(ACQUIRE_AS_HEAD, _acquire_params(name, holder, ttl, note))
+        sql = ACQUIRE_AS_HEAD if queued else ACQUIRE_FLAGGING
+        cursor.execute(sql, _acquire_params(name, holder, ttl, note))
         row = cursor.fetchone()
         if row[4]:
             grant = self.grant(row)
