@@ -1,9 +1,9 @@
-"""What each part of an uncontended acquire+release costs on MariaDB: ``python -m bench.anatomy``.
+"""What each part of an uncontended acquire+release costs: ``python -m bench.anatomy``.
 
 Scenario (a) compares this app with the floor (one INSERT and one DELETE of a small
-row). This builds the app's pair up from the floor one feature at a time, each step the
-step above plus one thing, and times every step in one process on one key, interleaved
-in random order so that noise falls on all steps alike:
+row). This builds the app's pair up from the floor, each step the step above plus one
+thing, and times every step in one process on one key, interleaved in random order so
+that noise falls on all steps alike. On MariaDB (``--backend mariadb``, the default):
 
 1. the floor;
 2. the lock table's row (its columns and its ``expires_at`` index, which the reaper needs);
@@ -14,9 +14,10 @@ in random order so that noise falls on all steps alike:
 7. Django's cursor: the same SQL through the app's own connection and its backend class;
 8. the app's Python around it: ``locks.try_acquire`` and ``Lease.release``.
 
-Steps 1-6 talk to the server through mysqlclient with no Django in between, as the
-floor does. Each row shows the step's median time per pair and what it
-adds to the step above.
+On PostgreSQL (``--backend postgresql``) steps 2-5 are one: the app's SQL, prepared as
+the app's own connections prepare it. Up to step 6 the pair goes to the server through
+the bare driver with no Django in between, as the floor does. Each row shows the step's
+median time per pair and what it adds to the step above.
 """
 
 from __future__ import annotations
@@ -28,99 +29,135 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import django
 
 KEY = "bench:anatomy"
-TTL_MICROS = 60_000_000
-STEPS = [
-    "floor (INSERT + DELETE of a small row)",
-    "+ the lock table's row and its expiry index",
-    "+ upsert (ON DUPLICATE KEY UPDATE)",
-    "+ RETURNING",
-    "+ fencing token drawn under a stripe lock",
-    "+ owner-checked release (the app's SQL)",
+HOLDER = "anatomy"
+TTL = 60.0
+FLOOR = "floor (INSERT + DELETE of a small row)"
+THROUGH_DJANGO = [
     "+ Django's cursor and the backend's row handling",
     "+ the app's Python (try_acquire, release)",
 ]
+STEPS = {
+    "mariadb": [
+        FLOOR,
+        "+ the lock table's row and its expiry index",
+        "+ upsert (ON DUPLICATE KEY UPDATE)",
+        "+ RETURNING",
+        "+ fencing token drawn under a stripe lock",
+        "+ owner-checked release (the app's SQL)",
+        *THROUGH_DJANGO,
+    ],
+    "postgresql": [FLOOR, "+ the app's SQL, prepared", *THROUGH_DJANGO],
+}
+
+Run = Callable[[str, Any], Any]
+Step = Callable[[], None]
 
 
-def _steps(cursor: Any, alias: str) -> list[Callable[[], None]]:
-    import locks
-    from locks import connection
-    from locks.backends import for_connection, mysql
+def _runner(cursor: Any, backend: str) -> Run:
+    # As the app's own PostgreSQL connections do, and as psycopg does for the floor's
+    # statements after a few runs anyway: prepared on the server.
+    options = {"prepare": True} if backend == "postgresql" else {}
 
+    def run(sql: str, args: Any) -> Any:
+        cursor.execute(sql, args, **options)
+        return cursor.fetchone() if cursor.description else None
+
+    return run
+
+
+def _pair(run: Run, acquire: str, acquire_args: Any, release: Callable[[Any], None]) -> Step:
+    def pair() -> None:
+        release(run(acquire, acquire_args))
+
+    return pair
+
+
+def _mariadb_sql(run: Run) -> list[Step]:
+    from locks.backends import mysql
+
+    args = [KEY, HOLDER, KEY, round(TTL * 1_000_000), ""]
     plain_row = (
         "INSERT INTO locks_lock (name, holder, count, token, acquired_at, expires_at, note) "
         f"VALUES (%s, %s, 1, 1, {mysql.NOW}, {mysql.NOW} + INTERVAL %s MICROSECOND, %s)"
     )
-    # The same statement with a constant token, and without its RETURNING clause.
+    # The acquire with a constant token, and without its RETURNING clause.
     fixed_token = mysql.ACQUIRE.replace(mysql.TOKEN_DRAW, "1 + 0 * LENGTH(%s)")
     no_returning = fixed_token[: fixed_token.index("RETURNING")]
-    acquire_args = [KEY, "anatomy", KEY, TTL_MICROS, ""]
 
-    def run(sql: str, args: list[Any]) -> Any:
-        cursor.execute(sql, args)
-        return cursor.fetchone() if cursor.description else None
-
-    def delete() -> None:
+    def delete(_row: Any) -> None:
         run("DELETE FROM locks_lock WHERE name = %s", [KEY])
 
-    def with_delete(sql: str, args: list[Any]) -> Callable[[], None]:
-        def pair() -> None:
-            run(sql, args)
-            delete()
+    def release(row: Any) -> None:
+        run(mysql.RELEASE_LAST, [KEY, HOLDER, row[1], False])
 
-        return pair
+    return [
+        _pair(run, plain_row, [KEY, HOLDER, round(TTL * 1_000_000), ""], delete),
+        _pair(run, no_returning, args, delete),
+        _pair(run, fixed_token, args, delete),
+        _pair(run, mysql.ACQUIRE, args, delete),
+        _pair(run, mysql.ACQUIRE, args, release),
+    ]
 
-    def floor() -> None:
-        run("INSERT INTO bench_floor (name) VALUES (%s)", [KEY])
-        run("DELETE FROM bench_floor WHERE name = %s", [KEY])
 
-    def the_apps_sql() -> None:
-        token = run(mysql.ACQUIRE, acquire_args)[1]
-        run(mysql.RELEASE_LAST, [KEY, "anatomy", token, False])
+def _postgresql_sql(run: Run) -> list[Step]:
+    from locks.backends import postgresql
+
+    def release(row: Any) -> None:
+        run(postgresql.RELEASE_LAST, [KEY, HOLDER, row[0], False])
+
+    args = {"name": KEY, "holder": HOLDER, "ttl": timedelta(seconds=TTL), "note": ""}
+    return [_pair(run, postgresql.ACQUIRE, args, release)]
+
+
+def _through_django(alias: str) -> list[Step]:
+    import locks
+    from locks import connection
+    from locks.backends import for_connection
 
     own = connection.get(alias)
     backend = for_connection(own)
 
-    def through_django() -> None:
-        own_cursor = connection.cursor(own)
-        grant = backend.acquire(own_cursor, KEY, "anatomy", TTL_MICROS / 1e6, "")
+    def backend_calls() -> None:
+        cursor = connection.cursor(own)
+        grant = backend.acquire(cursor, KEY, HOLDER, TTL, "")
         assert grant is not None, f"{KEY} is held: another run going on?"
-        backend.release_last(own_cursor, KEY, "anatomy", grant.token)
+        backend.release_last(cursor, KEY, HOLDER, grant.token)
 
-    def the_app() -> None:
-        lease = locks.try_acquire(KEY, ttl=TTL_MICROS / 1e6, using=alias)
+    def public_api() -> None:
+        lease = locks.try_acquire(KEY, ttl=TTL, using=alias)
         assert lease is not None, f"{KEY} is held: another run going on?"
         lease.release()
 
-    return [
-        floor,
-        with_delete(plain_row, [KEY, "anatomy", TTL_MICROS, ""]),
-        with_delete(no_returning, acquire_args),
-        with_delete(fixed_token, acquire_args),
-        with_delete(mysql.ACQUIRE, acquire_args),
-        the_apps_sql,
-        through_django,
-        the_app,
-    ]
+    return [backend_calls, public_api]
 
 
-def measure(pairs: int) -> list[float]:
-    """Median seconds per pair of each step, in the order of :data:`STEPS`.
+def measure(backend: str, pairs: int) -> list[float]:
+    """Median seconds per pair of each step, in the order of ``STEPS[backend]``.
 
     Example::
 
-        floor, *rest = measure(2000)
+        floor, *rest = measure("mariadb", 2000)
     """
     from . import db
 
-    db.ensure_database("mariadb")
-    connection = db.connect("mariadb")
+    db.ensure_database(backend)
+    connection = db.connect(backend)
     try:
-        steps = _steps(connection.cursor(), db.alias("mariadb"))
+        run = _runner(connection.cursor(), backend)
+
+        def floor() -> None:
+            run("INSERT INTO bench_floor (name) VALUES (%s)", [KEY])
+            run("DELETE FROM bench_floor WHERE name = %s", [KEY])
+
+        sql = _mariadb_sql(run) if backend == "mariadb" else _postgresql_sql(run)
+        steps = [floor, *sql, *_through_django(db.alias(backend))]
+        assert len(steps) == len(STEPS[backend])
         times: list[list[float]] = [[] for _ in steps]
         order = list(range(len(steps)))
         for _ in range(max(pairs // 20, 1)):  # warm up: connections, caches, plans
@@ -142,19 +179,20 @@ def main(argv: list[str] | None = None) -> int:
 
     Example::
 
-        main(["--pairs", "500"])
+        main(["--backend", "postgresql", "--pairs", "500"])
     """
     parser = argparse.ArgumentParser(prog="python -m bench.anatomy", description=__doc__)
+    parser.add_argument("--backend", default="mariadb", choices=sorted(STEPS))
     parser.add_argument("--pairs", type=int, default=3000, help="pairs per step (default 3000)")
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
     django.setup()
-    medians = measure(args.pairs)
+    medians = measure(args.backend, args.pairs)
     floor = medians[0]
-    print(f"mariadb: median of {args.pairs} pairs per step, interleaved\n")
+    print(f"{args.backend}: median of {args.pairs} pairs per step, interleaved\n")
     print("| step | us per pair | x floor | adds us |")
     print("|---|---:|---:|---:|")
-    for index, (label, median) in enumerate(zip(STEPS, medians, strict=True)):
+    for index, (label, median) in enumerate(zip(STEPS[args.backend], medians, strict=True)):
         adds = "" if index == 0 else f"{(median - medians[index - 1]) * 1e6:+.0f}"
         print(f"| {label} | {median * 1e6:.0f} | {median / floor:.2f}x | {adds} |")
     return 0
