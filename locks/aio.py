@@ -119,7 +119,9 @@ class _LoopEvent:
         self._loop = asyncio.get_running_loop()
 
     def set(self) -> None:
-        self._loop.call_soon_threadsafe(self.event.set)
+        # The listener may wake a waiter that has just left, on a loop that has closed.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self.event.set)
 
 
 async def _wait(request: _Request, timeout: float | None) -> Lease:
@@ -142,8 +144,9 @@ async def _wait_notified(request: _Request, timeout: float | None, deadline: flo
     """Wait for the release notification, as a sync waiter does, but not in the queue: a
     place in it is a session lock, which would stay on one pool thread's connection."""
     listener = waiting.listener(request.using)
-    woken = await run_sync(listener.subscribe, request.name, _LoopEvent())
+    woken = listener.subscribe(request.name, _LoopEvent(), wait=0)
     try:
+        await run_sync(listener.wait_listening, 1.0)
         for attempt in itertools.count():
             woken.event.clear()  # what came before is re-read by the attempt below
             outcome = await _attempt(functools.partial(request.attempt_as_head, queued=False))

@@ -50,10 +50,11 @@ class Listener:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def subscribe(self, name: str, event: W) -> W:
+    def subscribe(self, name: str, event: W, *, wait: float = 1.0) -> W:
         """Set ``event`` whenever ``name`` is released (or notifications were lost).
 
-        Returns ``event``. Blocks until the listener listens, for a second at most.
+        Returns ``event``. Blocks until the listener listens, for ``wait`` seconds at most
+        (see :meth:`wait_listening`).
         """
         with self._mutex:
             self._waiters.setdefault(name, set()).add(event)
@@ -63,10 +64,16 @@ class Listener:
                     target=self._run, name=f"locks-listener-{self.alias}", daemon=True
                 )
                 self._thread.start()
-        # The flag a waiter sets next only helps once LISTEN runs; if it cannot, the
-        # bounded waits take over.
-        self._ready.wait(1.0)
+        self.wait_listening(wait)
         return event
+
+    def wait_listening(self, timeout: float) -> None:
+        """Block until LISTEN runs, for ``timeout`` seconds at most.
+
+        The flag a waiter sets next only helps once it does; if it cannot, the waiters'
+        bounded waits take over.
+        """
+        self._ready.wait(timeout)
 
     def unsubscribe(self, name: str, event: Wakeable) -> None:
         with self._mutex:

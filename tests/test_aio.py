@@ -196,6 +196,32 @@ def test_an_async_waiter_is_woken_by_the_release_notification_without_queueing(
     assert not waiting.listener("default")._waiters, "the waiter's subscription was left behind"
 
 
+def test_a_cancelled_async_waiter_leaves_no_subscription_behind(backend: str) -> None:
+    if backend != "postgresql" or pgbouncer.ENABLED:
+        pytest.skip("release notifications are PostgreSQL's LISTEN/NOTIFY (not behind a pooler)")
+    from locks.aio import _LoopEvent
+
+    held = locks.acquire("aio:cancel-wait", ttl=60, holder=OTHER)
+    listener = waiting.listener("default")
+
+    async def main() -> tuple[bool, _LoopEvent]:
+        waiter = asyncio.create_task(locks.aacquire("aio:cancel-wait", ttl=30, timeout=30))
+        while not listener._waiters:
+            await asyncio.sleep(0)
+        subscribed = True
+        waiter.cancel()  # as soon as it has subscribed, while the listener may still connect
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        return subscribed, _LoopEvent()
+
+    try:
+        subscribed, stale = asyncio.run(main())
+    finally:
+        held.release()
+    assert subscribed and not listener._waiters
+    stale.set()  # what the listener does for a waiter whose loop has closed: no error
+
+
 def test_broken_lease_raises_lock_lost_on_arenew_and_arelease() -> None:
     async def main() -> list[str]:
         lease = await locks.aacquire("aio:broken", ttl=30)
