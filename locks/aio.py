@@ -15,7 +15,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import math
 import time
 import weakref
 from collections.abc import Callable
@@ -28,7 +27,6 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from . import connection, validation, waiting
-from .exceptions import LockBusy
 from .identity import default_holder, unique_holder
 from .leases import RELEASED, Lease, _backoff, _end, _Request, notifies
 
@@ -129,11 +127,11 @@ async def _wait(request: _Request, timeout: float | None) -> Lease:
     lease = await _attempt(request.attempt)
     if lease is not None:
         return lease
-    _left(request, timeout, deadline)
+    request._time_left(deadline, timeout)  # with timeout=0, that one attempt was all
     if notifies(connections[request.using]):
         return await _wait_notified(request, timeout, deadline)
     for attempt in itertools.count():
-        await asyncio.sleep(min(_backoff(attempt), _left(request, timeout, deadline)))
+        await asyncio.sleep(min(_backoff(attempt), request._time_left(deadline, timeout)))
         lease = await _attempt(request.attempt)
         if lease is not None:
             return lease
@@ -153,26 +151,13 @@ async def _wait_notified(request: _Request, timeout: float | None, deadline: flo
             if isinstance(outcome, Lease):
                 return outcome
             # Never past the holder's expiry; backoff in case a notification goes missing.
-            left = _left(request, timeout, deadline)
+            left = request._time_left(deadline, timeout)
             pause = min(_backoff(attempt), max(outcome, 0) + 0.001, left)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.event.wait(), pause)
     finally:
         listener.unsubscribe(request.name, woken)
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _left(request: _Request, timeout: float | None, deadline: float | None) -> float:
-    """Seconds until ``deadline`` (infinite without one); raises LockBusy once it passed."""
-    if deadline is None:
-        return math.inf
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise LockBusy(
-            f"lock {request.name!r} is held by another holder"
-            + (f"; gave up after {timeout:g} s" if timeout else "")
-        )
-    return left
 
 
 def _build(name: Any, ttl: Any, holder: Any, using: Any, note: Any, auto_renew: Any) -> _Request:

@@ -176,7 +176,8 @@ class _Request:
         left = deadline - time.monotonic()
         if left <= 0:
             raise LockBusy(
-                f"lock {self.name!r} is held by another holder; gave up after {timeout:g} s"
+                f"lock {self.name!r} is held by another holder"
+                + (f"; gave up after {timeout:g} s" if timeout else "")
             )
         return left
 
