@@ -1,9 +1,10 @@
 """How a blocked acquire waits: woken by the server on release where it can, else backoff.
 
 On PostgreSQL one daemon thread per process and alias LISTENs on one connection and wakes
-the waiters of the released name. Blocked acquires queue in the server first (see
-``_Request._wait_queued``), so only the head of a name's queue flags the row
-(``waiting``) for the release to send a notification. Every wait is also bounded
+the waiters of the released name. Blocked sync acquires queue in the server first (see
+``_Request._wait_queued``), so of them only the head of a name's queue flags the row
+(``waiting``) for the release to send a notification; async waiters, which do not queue,
+flag it too (``locks.aio``). Every wait is also bounded
 (backoff, and never past the holder's expiry), so a lost notification or a listener that
 cannot connect only cost latency; behind a transaction pooler (which drops LISTEN) the
 app does not listen at all (``LOCKS["NOTIFY"]``).

@@ -158,7 +158,6 @@ def test_a_waiter_that_gives_up_leaves_the_queue() -> None:
 
 def test_the_heads_attempt_flags_a_live_foreign_row_and_changes_nothing_else() -> None:
     from locks.backends import Grant, for_connection
-    from locks.models import Lock
 
     own = locks.connection.get("default")
     backend = for_connection(own)
