@@ -37,8 +37,9 @@ HOW = """\
   `MYSQL_USER`/`MYSQL_PASSWORD`. A contender whose server or package is missing is skipped,
   and this page lists it with the reason.
 - Where the time of an uncontended pair goes:
-  `.venv-bench/bin/python -m bench.profile --backend postgresql` (cProfile), and on MariaDB
-  what each SQL feature of the pair adds to the floor: `.venv-bench/bin/python -m bench.anatomy`.
+  `.venv-bench/bin/python -m bench.profile --backend postgresql` (cProfile), and what each
+  part of the pair adds to the floor:
+  `.venv-bench/bin/python -m bench.anatomy --backend mariadb` (or `postgresql`).
 - `tests/test_bench.py` runs a tiny bench of this app and the floor on the backend under
   test in the normal suite.
 - Run (d) and (c) on an idle machine for figures to compare across runs: on a loaded one,
