@@ -89,25 +89,65 @@ def get(alias: str) -> BaseDatabaseWrapper:
     return wrapper
 
 
-def cursor(wrapper: BaseDatabaseWrapper) -> CursorWrapper:
+class DirectCursor:
+    """The cursor a session of ours keeps for lock statements, when nobody watches them.
+
+    Django's ``CursorWrapper`` logs queries and runs ``execute_wrapper`` hooks, and wraps
+    every ``fetchone`` in a new error-translating function. Lock calls are short and many:
+    when neither logging nor a hook is on, this calls the backend's own cursor and only
+    translates driver errors into Django's, as Django does. That is some 8 us less per
+    statement, a few percent of an uncontended acquire+release.
+
+    Example::
+
+        DirectCursor(django_cursor.cursor, wrapper.wrap_database_errors).execute("SELECT 1")
+    """
+
+    __slots__ = ("_cursor", "_errors")
+
+    def __init__(self, cursor: Any, errors: Any) -> None:
+        self._cursor = cursor
+        self._errors = errors
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        """Run one statement; driver errors come out as Django's (``django.db.Error``)."""
+        with self._errors:
+            return self._cursor.execute(sql, params)
+
+    def fetchone(self) -> Any:
+        """The next row of the last statement's result, or ``None``."""
+        with self._errors:
+            return self._cursor.fetchone()
+
+    @property
+    def rowcount(self) -> int:
+        """Rows the last statement changed (matched, on MySQL/MariaDB)."""
+        return int(self._cursor.rowcount)
+
+
+def cursor(wrapper: BaseDatabaseWrapper) -> DirectCursor | CursorWrapper:
     """A cursor on one of our connections, reused while the same session lasts.
 
     A Django cursor costs two wrapper objects and a driver cursor per statement; lock
-    calls are short and many, so each session keeps one (a new one when Django starts or
-    stops logging queries, e.g. under ``CaptureQueriesContext``, whose cursor records them).
+    calls are short and many, so each session keeps one. It is a :class:`DirectCursor` unless
+    Django logs queries (``DEBUG``, ``CaptureQueriesContext``) or an ``execute_wrapper``
+    hook is installed on the connection: then it is Django's own cursor, which records
+    the statements and runs the hooks.
 
     Example::
 
         locks.connection.cursor(locks.connection.get("default")).execute("SELECT 1")
     """
     raw = wrapper.connection
-    logged = wrapper.queries_logged
+    # Which cursor Django would give: a logging one, a plain one for hooks, or none needed.
+    watched = 2 if wrapper.queries_logged else 1 if wrapper.execute_wrappers else 0
     cached = getattr(wrapper, "locks_cursor", None)
-    if raw is not None and cached is not None and cached[0] is raw and cached[1] is logged:
-        return cast("CursorWrapper", cached[2])
+    if raw is not None and cached is not None and cached[0] is raw and cached[1] == watched:
+        return cast("DirectCursor | CursorWrapper", cached[2])
     fresh = wrapper.cursor()
-    wrapper.locks_cursor = (wrapper.connection, logged, fresh)  # type: ignore[attr-defined]
-    return fresh
+    chosen = fresh if watched else DirectCursor(fresh.cursor, wrapper.wrap_database_errors)
+    wrapper.locks_cursor = (wrapper.connection, watched, chosen)  # type: ignore[attr-defined]
+    return chosen
 
 
 def close_old() -> None:

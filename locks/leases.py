@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import DatabaseError
 
 from . import connection, validation, waiting, watchdog
-from .backends import Backend, Grant, Released, for_connection
+from .backends import Backend, Cursor, Grant, Released, for_connection
 from .conf import conf
 from .exceptions import LockBusy, LockError, LockLost
 from .identity import default_holder
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.backends.utils import CursorWrapper
 
 logger = logging.getLogger("locks")
 T = TypeVar("T")
@@ -50,9 +49,7 @@ def _backoff(attempt: int) -> float:
     return cap / 2 + random.uniform(0, cap / 2)
 
 
-def _execute(
-    alias: str, what: str, name: str, operation: Callable[[Backend, CursorWrapper], T]
-) -> T:
+def _execute(alias: str, what: str, name: str, operation: Callable[[Backend, Cursor], T]) -> T:
     """Run one backend operation on this thread's own connection, retrying transient errors."""
     wrapper = connection.get(alias)
     backend = for_connection(wrapper)
@@ -424,9 +421,7 @@ class Lease:
 
         await run_sync(self.release, entirely=entirely)
 
-    def _release_statements(
-        self, backend: Backend, cursor: CursorWrapper, entirely: bool
-    ) -> Released:
+    def _release_statements(self, backend: Backend, cursor: Cursor, entirely: bool) -> Released:
         args = (cursor, self.name, self.holder, self.token)
         if entirely:
             return backend.release_last(*args, entirely=True)

@@ -72,3 +72,47 @@ def test_lock_statements_never_touch_the_callers_connection() -> None:
             lease.renew()
         locks.is_locked("orders:1")
     assert queries.captured_queries == []
+
+
+def test_statements_skip_djangos_cursor_unless_someone_watches(own_queries: Capture) -> None:
+    from django.db.backends.utils import CursorWrapper
+
+    from locks.conf import conf
+
+    wrapper = locks.connection.get(conf.DATABASE)
+    locks.acquire("orders:1").release()
+    assert isinstance(locks.connection.cursor(wrapper), locks.connection.DirectCursor)
+
+    seen: list[str] = []
+
+    def hook(execute: Callable[..., object], sql: str, *args: object) -> object:
+        seen.append(sql)
+        return execute(sql, *args)
+
+    with wrapper.execute_wrapper(hook):
+        assert isinstance(locks.connection.cursor(wrapper), CursorWrapper)
+        locks.acquire("orders:1").release()
+    assert len(seen) == 2, seen
+    with own_queries() as queries:
+        locks.acquire("orders:1").release()
+    assert len(queries) == 2, queries.captured_queries
+    locks.acquire("orders:1").release()
+    assert len(seen) == 2 and len(queries) == 2  # nobody watches: nothing recorded
+    assert isinstance(locks.connection.cursor(wrapper), locks.connection.DirectCursor)
+
+
+def test_the_direct_cursor_raises_djangos_errors() -> None:
+    from django.db import DatabaseError
+
+    from locks.conf import conf
+
+    wrapper = locks.connection.get(conf.DATABASE)
+    cursor = locks.connection.cursor(wrapper)
+    assert isinstance(cursor, locks.connection.DirectCursor)
+    with pytest.raises(DatabaseError) as caught:
+        cursor.execute("SELECT no_such_column FROM locks_lock", [])
+    assert isinstance(caught.value.__cause__, wrapper.Database.Error)  # type: ignore[attr-defined]
+    # Django's rule: the connection is checked before it is reused.
+    assert wrapper.errors_occurred
+    cursor.execute("SELECT 1", [])
+    assert cursor.fetchone()[0] == 1

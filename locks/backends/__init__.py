@@ -5,12 +5,12 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING
 
-from .base import Backend, Grant, Released
+from .base import Backend, Cursor, Grant, Released
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-__all__ = ["Backend", "Grant", "Released", "for_connection", "for_vendor"]
+__all__ = ["Backend", "Cursor", "Grant", "Released", "for_connection", "for_vendor"]
 
 
 @cache

@@ -7,12 +7,22 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
-    from django.db.backends.utils import CursorWrapper
+
+
+class Cursor(Protocol):
+    """What the backends use of a cursor: Django's own, or the app's DirectCursor."""
+
+    def execute(self, sql: str, params: Any = None) -> Any: ...
+
+    def fetchone(self) -> Any: ...
+
+    @property
+    def rowcount(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +67,7 @@ class Backend:
 
     def acquire(
         self,
-        cursor: CursorWrapper,
+        cursor: Cursor,
         name: str,
         holder: str,
         ttl: float,
@@ -73,7 +83,7 @@ class Backend:
         raise NotImplementedError
 
     def renew(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
+        self, cursor: Cursor, name: str, holder: str, token: int, ttl: float
     ) -> datetime | None:
         """Extend a live holding to at least now + ttl; ``None`` if it is not ours or expired."""
         raise NotImplementedError
@@ -85,7 +95,7 @@ class Backend:
         return Grant(row[0], row[1], self.to_datetime(row[2]), self.to_datetime(row[3]))
 
     def release_last(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, entirely: bool = False
+        self, cursor: Cursor, name: str, holder: str, token: int, entirely: bool = False
     ) -> Released:
         """Delete our row if it is the last re-entry, if it expired, or if ``entirely``."""
         cursor.execute(self.RELEASE_LAST, [name, holder, token, entirely])
@@ -94,31 +104,29 @@ class Backend:
             return Released.MISSING
         return Released.DONE if row[0] else Released.EXPIRED
 
-    def release_reentry(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int
-    ) -> Released:
+    def release_reentry(self, cursor: Cursor, name: str, holder: str, token: int) -> Released:
         """Undo one re-entry of a live holding that has more than one."""
         cursor.execute(self.RELEASE_REENTRY, [name, holder, token])
         return Released.MISSING if cursor.fetchone() is None else Released.DONE
 
-    def is_locked(self, cursor: CursorWrapper, name: str) -> bool:
+    def is_locked(self, cursor: Cursor, name: str) -> bool:
         cursor.execute(
             f"SELECT 1 FROM locks_lock WHERE name = %s AND expires_at > {self.NOW}", [name]
         )
         return cursor.fetchone() is not None
 
-    def check_token(self, cursor: CursorWrapper, name: str, token: int) -> bool:
+    def check_token(self, cursor: Cursor, name: str, token: int) -> bool:
         cursor.execute(
             f"SELECT 1 FROM locks_lock WHERE name = %s AND token = %s AND expires_at > {self.NOW}",
             [name, token],
         )
         return cursor.fetchone() is not None
 
-    def break_lock(self, cursor: CursorWrapper, name: str) -> bool:
+    def break_lock(self, cursor: Cursor, name: str) -> bool:
         cursor.execute("DELETE FROM locks_lock WHERE name = %s", [name])
         return bool(cursor.rowcount)
 
-    def break_holding(self, cursor: CursorWrapper, name: str, token: int) -> bool:
+    def break_holding(self, cursor: Cursor, name: str, token: int) -> bool:
         """Delete the row of ``name`` only while it is still the holding with ``token``.
 
         A token names one holding (one holder, its re-entries): a lock re-acquired since
@@ -127,7 +135,7 @@ class Backend:
         cursor.execute("DELETE FROM locks_lock WHERE name = %s AND token = %s", [name, token])
         return bool(cursor.rowcount)
 
-    def remaining(self, cursor: CursorWrapper, name: str) -> float | None:
+    def remaining(self, cursor: Cursor, name: str) -> float | None:
         """Seconds until the row of ``name`` expires by the database clock; ``None``: no row."""
         cursor.execute(f"SELECT expires_at, {self.NOW} FROM locks_lock WHERE name = %s", [name])
         row = cursor.fetchone()
@@ -135,14 +143,14 @@ class Backend:
             return None
         return (self.to_datetime(row[0]) - self.to_datetime(row[1])).total_seconds()
 
-    def enter_queue(self, cursor: CursorWrapper, name: str, timeout: float) -> bool:
+    def enter_queue(self, cursor: Cursor, name: str, timeout: float) -> bool:
         """Wait up to ``timeout`` s to be the first of this session's blocked acquires of
         ``name``; False if the time ran out. Only where :attr:`supports_notify`."""
         raise NotImplementedError
 
     def acquire_as_head(
         self,
-        cursor: CursorWrapper,
+        cursor: Cursor,
         name: str,
         holder: str,
         ttl: float,
@@ -156,7 +164,7 @@ class Backend:
         is not in the queue (an async one), which leaves the queue alone."""
         raise NotImplementedError
 
-    def leave_queue(self, cursor: CursorWrapper, name: str) -> None:
+    def leave_queue(self, cursor: Cursor, name: str) -> None:
         """Give the head of the queue of ``name`` to the next blocked acquire."""
         raise NotImplementedError
 
@@ -168,12 +176,12 @@ class Backend:
         """Names released since the last call, waiting at most ``timeout`` seconds."""
         raise NotImplementedError
 
-    def reap(self, cursor: CursorWrapper, batch_size: int) -> int:
+    def reap(self, cursor: Cursor, batch_size: int) -> int:
         """Delete at most ``batch_size`` expired rows in one statement; return how many."""
         cursor.execute(self.REAP, [batch_size])
         return int(cursor.rowcount)
 
-    def now(self, cursor: CursorWrapper) -> datetime:
+    def now(self, cursor: Cursor) -> datetime:
         """The database server's clock."""
         cursor.execute(f"SELECT {self.NOW}", [])
         return self.to_datetime(cursor.fetchone()[0])
@@ -218,7 +226,7 @@ class Backend:
     creates_row_in_transaction = False
 
     def select_row_lock(
-        self, cursor: CursorWrapper, name: str, *, nowait: bool, skip_locked: bool
+        self, cursor: Cursor, name: str, *, nowait: bool, skip_locked: bool
     ) -> bool:
         """Lock the row of ``name`` for the current transaction; False if none was locked.
 
@@ -228,7 +236,7 @@ class Backend:
         cursor.execute(f"SELECT name FROM locks_rowlock WHERE name = %s FOR UPDATE{suffix}", [name])
         return cursor.fetchone() is not None
 
-    def insert_row_lock(self, cursor: CursorWrapper, name: str, *, nowait: bool = False) -> bool:
+    def insert_row_lock(self, cursor: Cursor, name: str, *, nowait: bool = False) -> bool:
         """Create the row of ``name`` unless it exists; True if this statement created it.
 
         Safe when many sessions create the same row at once. With ``nowait``, a row that
@@ -241,7 +249,7 @@ class Backend:
         )
         return cursor.fetchone() is not None
 
-    def take_write_lock(self, cursor: CursorWrapper) -> None:
+    def take_write_lock(self, cursor: Cursor) -> None:
         """Take the database's write lock for the current transaction, writing nothing.
 
         Only for databases without row locks, where it stands in for them.
@@ -270,7 +278,7 @@ class Backend:
         """The session settings :meth:`bounded_wait` may touch, as they are now."""
         return {}
 
-    def live_holding(self, cursor: CursorWrapper, name: str) -> tuple[str, str] | None:
+    def live_holding(self, cursor: Cursor, name: str) -> tuple[str, str] | None:
         """Holder and note of ``name`` if its lease is live by the database clock."""
         cursor.execute(
             f"SELECT holder, note FROM locks_lock WHERE name = %s AND expires_at > {self.NOW}",

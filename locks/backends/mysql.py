@@ -20,14 +20,13 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .base import Backend, Grant, Released
+from .base import Backend, Cursor, Grant, Released
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
-    from django.db.backends.utils import CursorWrapper
 
 STRIPES = 1024
 NOW = "UTC_TIMESTAMP(6)"
@@ -98,7 +97,7 @@ class MySQLBackend(Backend):
 
     def acquire(
         self,
-        cursor: CursorWrapper,
+        cursor: Cursor,
         name: str,
         holder: str,
         ttl: float,
@@ -112,7 +111,7 @@ class MySQLBackend(Backend):
         return None if row is None or row[0] != holder else self.grant(row[1:])
 
     def renew(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
+        self, cursor: Cursor, name: str, holder: str, token: int, ttl: float
     ) -> datetime | None:
         # Django's MySQL connection counts matched rows (CLIENT.FOUND_ROWS): 1 = still ours.
         cursor.execute(RENEW, [_micros(ttl), name, holder, token])
@@ -122,9 +121,7 @@ class MySQLBackend(Backend):
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
-    def release_reentry(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int
-    ) -> Released:
+    def release_reentry(self, cursor: Cursor, name: str, holder: str, token: int) -> Released:
         cursor.execute(RELEASE_REENTRY, [name, holder, token])
         return Released.DONE if cursor.rowcount else Released.MISSING
 
@@ -154,7 +151,7 @@ class MySQLBackend(Backend):
 
     creates_row_in_transaction = True
 
-    def insert_row_lock(self, cursor: CursorWrapper, name: str, *, nowait: bool = False) -> bool:
+    def insert_row_lock(self, cursor: Cursor, name: str, *, nowait: bool = False) -> bool:
         cursor.execute((NO_LOCK_WAIT if nowait else "") + INSERT_ROW_LOCK, [name])
         return cursor.fetchone() is not None
 

@@ -20,14 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
 
-from .base import Backend, Grant
+from .base import Backend, Cursor, Grant
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
-    from django.db.backends.utils import CursorWrapper
 
 #: First key of the two-key advisory lock namespace, so user advisory locks do not collide.
 ADVISORY_NAMESPACE = 0x6C6F636B  # "lock"
@@ -180,7 +179,7 @@ class PostgreSQLBackend(Backend):
 
     def acquire(
         self,
-        cursor: CursorWrapper,
+        cursor: Cursor,
         name: str,
         holder: str,
         ttl: float,
@@ -194,7 +193,7 @@ class PostgreSQLBackend(Backend):
 
     def acquire_as_head(
         self,
-        cursor: CursorWrapper,
+        cursor: Cursor,
         name: str,
         holder: str,
         ttl: float,
@@ -211,7 +210,7 @@ class PostgreSQLBackend(Backend):
             return grant
         return float(row[5])
 
-    def enter_queue(self, cursor: CursorWrapper, name: str, timeout: float) -> bool:
+    def enter_queue(self, cursor: Cursor, name: str, timeout: float) -> bool:
         milliseconds = max(1, math.ceil(timeout * 1000))
         try:
             cursor.execute(ENTER_QUEUE, [f"{milliseconds}ms", name])
@@ -221,22 +220,22 @@ class PostgreSQLBackend(Backend):
             raise
         return True
 
-    def leave_queue(self, cursor: CursorWrapper, name: str) -> None:
+    def leave_queue(self, cursor: Cursor, name: str) -> None:
         cursor.execute(LEAVE_QUEUE, [name])
 
     def renew(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
+        self, cursor: Cursor, name: str, holder: str, token: int, ttl: float
     ) -> datetime | None:
         params: list[Any] = [timedelta(seconds=ttl), name, holder, token]
         cursor.execute(RENEW, params)
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 
-    def break_lock(self, cursor: CursorWrapper, name: str) -> bool:
+    def break_lock(self, cursor: Cursor, name: str) -> bool:
         cursor.execute(BREAK, [name])
         return cursor.fetchone() is not None
 
-    def break_holding(self, cursor: CursorWrapper, name: str, token: int) -> bool:
+    def break_holding(self, cursor: Cursor, name: str, token: int) -> bool:
         cursor.execute(BREAK_HOLDING, [name, token])
         return cursor.fetchone() is not None
 

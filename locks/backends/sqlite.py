@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from ..exceptions import LockError
-from .base import Backend, Grant
+from .base import Backend, Cursor, Grant
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
-    from django.db.backends.utils import CursorWrapper
 
 # "%%" because Django turns "%s" placeholders into "?" with the % operator.
 NOW = "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')"
@@ -112,7 +111,7 @@ class SQLiteBackend(Backend):
 
     def acquire(
         self,
-        cursor: CursorWrapper,
+        cursor: Cursor,
         name: str,
         holder: str,
         ttl: float,
@@ -130,7 +129,7 @@ class SQLiteBackend(Backend):
         return self.grant(cursor.fetchone())
 
     def renew(
-        self, cursor: CursorWrapper, name: str, holder: str, token: int, ttl: float
+        self, cursor: Cursor, name: str, holder: str, token: int, ttl: float
     ) -> datetime | None:
         params: dict[str, Any] = {
             "name": name,
@@ -173,7 +172,7 @@ class SQLiteBackend(Backend):
         schema_editor.execute("DROP TRIGGER IF EXISTS locks_token_on_insert")
         schema_editor.execute("DROP TABLE IF EXISTS locks_sequence")
 
-    def take_write_lock(self, cursor: CursorWrapper) -> None:
+    def take_write_lock(self, cursor: Cursor) -> None:
         cursor.execute(TAKE_WRITE_LOCK)
 
     @contextmanager
