@@ -177,3 +177,34 @@ def test_the_heads_attempt_flags_a_live_foreign_row_and_changes_nothing_else() -
     assert isinstance(taken, Grant) and taken.count == 1 and taken.token > lease.token
     row = Lock.objects.get(name="orders:2")
     assert (row.holder, row.waiting) == ("third", False)
+
+
+@pytest.mark.parametrize("queued", [True, False], ids=["head", "async-waiter"])
+def test_a_refused_waiter_commits_its_flag_without_waiting_for_the_disk(queued: bool) -> None:
+    from django.db import transaction
+
+    from locks.backends import for_connection
+
+    backend = for_connection(connection)
+    held = locks.acquire("orders:1", holder="alice")
+
+    def commit_mode_after_attempt(holder: str) -> tuple[str, object]:
+        # The statement runs in a transaction of the test's connection, so the setting it
+        # leaves for its own commit can still be read; the rollback undoes it all.
+        with transaction.atomic(), connection.cursor() as cursor:
+            outcome = backend.acquire_as_head(cursor, "orders:1", holder, 30, "", queued=queued)
+            cursor.execute("SELECT current_setting('synchronous_commit')")
+            mode = str(cursor.fetchone()[0])
+            transaction.set_rollback(True)
+        return mode, outcome
+
+    mode, outcome = commit_mode_after_attempt("bob")
+    assert isinstance(outcome, float) and mode == "off"
+    held.release()
+    if queued:
+        # The head's grant also leaves the queue: the test's session must be in it first.
+        with connection.cursor() as cursor:
+            assert backend.enter_queue(cursor, "orders:1", 5)
+    mode, outcome = commit_mode_after_attempt("bob")
+    assert not isinstance(outcome, float) and mode == "on"
+    assert queue_locks() == (0, 0)

@@ -78,6 +78,13 @@ ON CONFLICT""",
 # to the head; that one's attempt then waits for this statement's commit (the conflict).
 EXPIRED = "l.expires_at <= statement_timestamp()"
 OURS = "l.holder = EXCLUDED.holder"
+# A refused attempt wrote only the flag, which nobody needs after a crash (every waiter
+# starts over then): its commit does not wait for the WAL to reach the disk, and so does
+# not queue the holder's commits behind one more flush. A grant commits as every lock
+# statement does (see SYNCHRONOUS_COMMIT).
+ASYNC_IF_REFUSED = (
+    "CASE WHEN holder <> %(holder)s THEN set_config('synchronous_commit', 'off', true) END"
+)
 ACQUIRE_AS_HEAD = (
     ACQUIRE[: ACQUIRE.index("ON CONFLICT")]
     + f"""ON CONFLICT (name) DO UPDATE SET
@@ -91,13 +98,15 @@ ACQUIRE_AS_HEAD = (
                       THEN GREATEST(l.expires_at, EXCLUDED.expires_at) ELSE l.expires_at END
 RETURNING token, count, acquired_at, expires_at, holder = %(holder)s,
     extract(epoch FROM expires_at - statement_timestamp()),
-    CASE WHEN holder = %(holder)s
-         THEN pg_advisory_unlock({QUEUE_NAMESPACE}, hashtext(CAST(%(name)s AS text))) END
-"""
+    {ASYNC_IF_REFUSED}"""
 )
 # An async waiter's attempt: it waits on the event loop, not in the queue (a session lock
 # would stay with whichever pool thread's connection took it), so it has no queue to leave.
-ACQUIRE_FLAGGING = ACQUIRE_AS_HEAD[: ACQUIRE_AS_HEAD.index(",\n    CASE WHEN holder")] + "\n"
+ACQUIRE_FLAGGING = ACQUIRE_AS_HEAD + "\n"
+ACQUIRE_AS_HEAD += f""",
+    CASE WHEN holder = %(holder)s
+         THEN pg_advisory_unlock({QUEUE_NAMESPACE}, hashtext(CAST(%(name)s AS text))) END
+"""
 # The MATERIALIZED CTE runs first, so lock_timeout (this statement's only: is_local)
 # bounds the wait that follows.
 ENTER_QUEUE = f"""
