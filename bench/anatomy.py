@@ -11,7 +11,7 @@ that noise falls on all steps alike. On MariaDB (``--backend mariadb``, the defa
 4. ``RETURNING`` (the grant's token, count and times, in the same round trip);
 5. the fencing token's draw under its stripe's row lock: the app's exact acquire;
 6. the owner-checked release: the app's exact SQL, through the bare driver;
-7. Django's cursor: the same SQL through the app's own connection and its backend class;
+7. the app's own connection: the same SQL through its cursor and the backend class;
 8. the app's Python around it: ``locks.try_acquire`` and ``Lease.release``.
 
 On PostgreSQL (``--backend postgresql``) steps 2-5 are one: the app's SQL, prepared as
@@ -39,7 +39,7 @@ HOLDER = "anatomy"
 TTL = 60.0
 FLOOR = "floor (INSERT + DELETE of a small row)"
 THROUGH_DJANGO = [
-    "+ Django's cursor and the backend's row handling",
+    "+ the app's own connection, its cursor and the backend's row handling",
     "+ the app's Python (try_acquire, release)",
 ]
 STEPS = {

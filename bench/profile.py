@@ -22,7 +22,7 @@ import django
 # Where the cumulative time goes: (label, module path fragment, function name).
 OF_INTEREST = [
     ("whole pair (try_acquire + release)", "bench/profile.py", "_pairs"),
-    ("driver round trips (cursor execute)", "django/db/backends/utils.py", "_execute"),
+    ("driver round trips (cursor execute)", "locks/connection.py", "execute"),
     ("locks: try_acquire", "locks/leases.py", "try_acquire"),
     ("locks: _Request.build (validation, holder)", "locks/leases.py", "build"),
     ("locks: validation.check_name", "locks/validation.py", "check_name"),
@@ -31,7 +31,7 @@ OF_INTEREST = [
     ("locks: _execute (own connection, retries)", "locks/leases.py", "_execute"),
     ("locks: check_caller", "locks/backends", "check_caller"),
     ("locks: connection.get", "locks/connection.py", "get"),
-    ("django: connection.cursor()", "django/db/backends/base/base.py", "cursor"),
+    ("locks: connection.cursor (the session's cursor)", "locks/connection.py", "cursor"),
     ("locks: backend.acquire (params, Grant)", "locks/backends", "acquire"),
     ("locks: to_datetime", "locks/backends/base.py", "to_datetime"),
     ("locks: Lease.__init__", "locks/leases.py", "__init__"),
