@@ -145,7 +145,11 @@ def cursor(wrapper: BaseDatabaseWrapper) -> DirectCursor | CursorWrapper:
     if raw is not None and cached is not None and cached[0] is raw and cached[1] == watched:
         return cast("DirectCursor | CursorWrapper", cached[2])
     fresh = wrapper.cursor()
-    chosen = fresh if watched else DirectCursor(fresh.cursor, wrapper.wrap_database_errors)
+    if watched:
+        chosen: DirectCursor | CursorWrapper = fresh
+    else:
+        driver = for_connection(wrapper).driver_cursor(fresh)
+        chosen = DirectCursor(driver, wrapper.wrap_database_errors)
     wrapper.locks_cursor = (wrapper.connection, watched, chosen)  # type: ignore[attr-defined]
     return chosen
 

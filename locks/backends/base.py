@@ -209,6 +209,14 @@ class Backend:
     def on_connect(self, connection: BaseDatabaseWrapper) -> None:
         """Prepare a freshly opened connection of the app's own."""
 
+    def driver_cursor(self, cursor: Any) -> Any:
+        """The cursor under a Django cursor that lock statements can use directly.
+
+        It must take the same SQL and parameters; driver errors are translated by the
+        caller (see ``locks.connection.DirectCursor``).
+        """
+        return cursor.cursor
+
     def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
         """Column type/collation that makes lock names exact (case- and space-sensitive)."""
         return {}

@@ -125,6 +125,11 @@ class MySQLBackend(Backend):
         cursor.execute(RELEASE_REENTRY, [name, holder, token])
         return Released.DONE if cursor.rowcount else Released.MISSING
 
+    def driver_cursor(self, cursor: Any) -> Any:
+        # Under Django's MySQL cursor, which only re-labels a few constraint errors that
+        # lock statements cannot raise.
+        return cursor.cursor.cursor
+
     def is_transient(self, exc: BaseException) -> bool:
         args: tuple[Any, ...] = exc.args
         return bool(args) and args[0] in TRANSIENT_CODES
