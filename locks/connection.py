@@ -125,6 +125,11 @@ class DirectCursor:
         return int(self._cursor.rowcount)
 
 
+def _watched(wrapper: BaseDatabaseWrapper) -> int:
+    """Which cursor Django would give: 2 a logging one, 1 a plain one for hooks, 0 none."""
+    return 2 if wrapper.queries_logged else 1 if wrapper.execute_wrappers else 0
+
+
 def cursor(wrapper: BaseDatabaseWrapper) -> DirectCursor | CursorWrapper:
     """A cursor on one of our connections, reused while the same session lasts.
 
@@ -139,11 +144,17 @@ def cursor(wrapper: BaseDatabaseWrapper) -> DirectCursor | CursorWrapper:
         locks.connection.cursor(locks.connection.get("default")).execute("SELECT 1")
     """
     raw = wrapper.connection
-    # Which cursor Django would give: a logging one, a plain one for hooks, or none needed.
-    watched = 2 if wrapper.queries_logged else 1 if wrapper.execute_wrappers else 0
     cached = getattr(wrapper, "locks_cursor", None)
-    if raw is not None and cached is not None and cached[0] is raw and cached[1] == watched:
+    if (
+        raw is not None
+        and cached is not None
+        and cached[0] is raw
+        and (cached[1] == _watched(wrapper))
+    ):
         return cast("DirectCursor | CursorWrapper", cached[2])
+    # Opening the connection runs connection_created receivers, which may install hooks.
+    wrapper.ensure_connection()
+    watched = _watched(wrapper)
     fresh = wrapper.cursor()
     if watched:
         chosen: DirectCursor | CursorWrapper = fresh

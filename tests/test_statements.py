@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.test.utils import CaptureQueriesContext
@@ -116,3 +117,25 @@ def test_the_direct_cursor_raises_djangos_errors() -> None:
     assert wrapper.errors_occurred
     cursor.execute("SELECT 1", [])
     assert cursor.fetchone()[0] == 1
+
+
+def test_a_hook_installed_when_django_opens_the_connection_sees_lock_statements() -> None:
+    from django.db.backends.signals import connection_created
+
+    seen: list[str] = []
+
+    def hook(execute: Callable[..., object], sql: str, *args: object) -> object:
+        seen.append(sql)
+        return execute(sql, *args)
+
+    def install(sender: object, connection: Any, **kwargs: object) -> None:
+        connection.execute_wrappers.append(hook)
+
+    locks.connection.close()  # the next lock call opens a new connection of its own
+    connection_created.connect(install)
+    try:
+        locks.acquire("orders:1").release()
+    finally:
+        connection_created.disconnect(install)
+        locks.connection.close()
+    assert sum("locks_lock" in sql for sql in seen) == 2, seen
