@@ -77,8 +77,9 @@ HOW = """\
   repeat by repeat (the two were measured in the same round, minutes apart at most) and
   then the median of those ratios: a drifting load on a shared machine cancels out of a
   pair better than out of two medians. For ops/s higher is better; for times lower is.
-- Statements per operation are the statements the lock calls sent: counted with Django's
-  `execute_wrapper` on the connections a Django-based lock uses, and per `execute` (or Redis
+- Statements per operation are the statements the lock calls sent: counted by a counting
+  `execute` patched into the driver's cursor class (under Django's wrappers,
+  which it leaves as they are) for a Django-based lock, and per `execute` (or Redis
   command) for the others. The BEGIN/COMMIT that Django sends for `transaction.atomic()`
   outside `execute` are not counted (django-db-mutex's acquire has one such transaction).
 """

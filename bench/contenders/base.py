@@ -144,8 +144,8 @@ def _count_in(cursor_class: type[Any]) -> None:
 class DjangoCounting:
     """Counts the statements a lock call sends through Django's database backends.
 
-    It counts at the backend's own cursor class (what Django's ``CursorWrapper`` wraps),
-    under every wrapper and hook, so that counting costs a lock about as little as it
+    It counts at the driver's cursor class (what Django's cursor wrappers wrap), under
+    every wrapper and hook, so that counting costs a lock about as little as it
     costs the floor: an ``execute_wrapper`` would add Django's hook machinery to every
     statement, and the app, which skips ``CursorWrapper`` when no hook is installed,
     would be measured on its slower path. Only statements run inside :meth:`counted` are
@@ -161,11 +161,13 @@ class DjangoCounting:
 
     def install_counter(self, alias_names: list[str], own: bool = False) -> None:
         import locks.connection
+        from locks.backends import for_connection
 
         for name in alias_names:
             wrapper = locks.connection.get(name) if own else connections[name]
             with wrapper.cursor() as cursor:
-                _count_in(type(cursor.cursor))
+                # The class under every wrapper, which the app's direct cursor calls too.
+                _count_in(type(for_connection(wrapper).driver_cursor(cursor)))
 
     def counted(self, call: Callable[[], Any]) -> Any:
         _COUNTING.append(self)
