@@ -8,19 +8,37 @@ import socket
 import threading
 from itertools import count
 
-_state: dict[str, str] = {}
+#: This process's (host:pid prefix, nonce), made once, by the first thread that asks.
+_state: dict[str, tuple[str, str]] = {}
+_making = threading.Lock()
 _serial = count(1)
 _local = threading.local()
 
 
 def _reset_after_fork() -> None:
     # A child must not share its parent's identity: it would re-enter the parent's locks.
+    # (The lock too: another thread of the parent may have held it at the fork.)
+    global _local, _making
     _state.clear()
-    global _local
+    _making = threading.Lock()
     _local = threading.local()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _process_identity() -> tuple[str, str]:
+    identity = _state.get("process")
+    if identity is None:
+        # Threads of a new process can ask at the same moment (a burst of requests): one
+        # makes the identity, whole, and the others wait for it.
+        with _making:
+            identity = _state.get("process")
+            if identity is None:
+                host = socket.gethostname()[:100]
+                identity = (f"{host}:{os.getpid()}", secrets.token_hex(4))
+                _state["process"] = identity
+    return identity
 
 
 def default_holder() -> str:
@@ -36,12 +54,8 @@ def default_holder() -> str:
     """
     holder: str | None = getattr(_local, "holder", None)
     if holder is None:
-        if "prefix" not in _state:
-            host = socket.gethostname()[:100]
-            _state["prefix"] = f"{host}:{os.getpid()}"
-            _state["nonce"] = secrets.token_hex(4)
-        thread = f"{threading.get_ident()}.{next(_serial)}"
-        holder = f"{_state['prefix']}:{thread}:{_state['nonce']}"
+        prefix, nonce = _process_identity()
+        holder = f"{prefix}:{threading.get_ident()}.{next(_serial)}:{nonce}"
         _local.holder = holder
     return holder
 
@@ -56,6 +70,5 @@ def unique_holder(kind: str) -> str:
 
         unique_holder("task")  # 'web-1:4242:task.7:9f2c1a7b'
     """
-    if "prefix" not in _state:
-        default_holder()  # sets the host:pid prefix and the nonce
-    return f"{_state['prefix']}:{kind}.{next(_serial)}:{_state['nonce']}"
+    prefix, nonce = _process_identity()
+    return f"{prefix}:{kind}.{next(_serial)}:{nonce}"

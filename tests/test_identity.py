@@ -43,3 +43,49 @@ def test_a_forked_child_gets_a_new_nonce() -> None:
     child = os.read(read, 1000).decode()
     assert parts(child)[1] == str(pid)
     assert parts(child)[3] != parts(parent)[3]
+
+
+RACE = """
+import json, secrets, threading, time
+from locks import identity
+
+slow = secrets.token_hex
+def token_hex(n):
+    time.sleep(0.05)  # widens the moment between the process identity's parts
+    return slow(n)
+secrets.token_hex = token_hex
+
+start = threading.Barrier(8)
+holders, errors = [], []
+def first_call():
+    start.wait()
+    try:
+        holders.append(identity.default_holder())
+    except Exception as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=first_call) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(json.dumps({"holders": holders, "errors": errors}))
+"""
+
+
+def test_threads_of_a_new_process_asking_at_once_get_one_process_identity() -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-c", RACE], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["errors"] == []
+    assert len(result["holders"]) == 8 and len(set(result["holders"])) == 8
+    # One host:pid prefix and one nonce for the whole process.
+    processes = {(h.split(":")[0], h.split(":")[1], h.split(":")[3]) for h in result["holders"]}
+    assert len(processes) == 1
