@@ -104,9 +104,10 @@ def test_demo_refuses_unknown_options(demo_env: dict[str, str]) -> None:
 
 
 #: The guarded view's work time in the demo under test: long enough that all five requests
-#: of the button arrive while the first one works, even on a loaded machine (one CI run
-#: saw a request of the burst answered more than 5 s after the click).
-REPORT_SECONDS = 12
+#: of the button arrive while the first one works, even on a loaded machine (CI runs saw
+#: a request of the burst answered more than 5 s, and once more than 9.6 s, after the
+#: click; the cause is not known, so a failure now shows the answers and the demo's log).
+REPORT_SECONDS = 20
 
 
 def _free_port() -> int:
@@ -123,7 +124,7 @@ def _status(url: str) -> tuple[int, str | None]:
         return exc.code, exc.headers.get("Retry-After")
 
 
-def _click_through_the_page(url: str) -> None:
+def _click_through_the_page(url: str, log: Path) -> None:
     """The page's button fires five requests at once: one 200, four 423; the table updates."""
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -132,9 +133,12 @@ def _click_through_the_page(url: str) -> None:
         page.goto(f"{url}/demo/")
         page.click("#fire")
         expect(page.locator("#locks")).to_contain_text("demo:report")
-        # Within the first request's hold: a 423 later than that would have been a 200.
-        expect(page.locator("#results li.s423")).to_have_count(4, timeout=REPORT_SECONDS * 800)
-        expect(page.locator("#results li.s200")).to_have_count(1, timeout=30_000)
+        # Every request answered; a 423 after the first request's hold would be a 200.
+        expect(page.locator("#results li", has_text="waiting")).to_have_count(0, timeout=60_000)
+        answers = page.locator("#results li").all_inner_texts()
+        statuses = sorted(answer.split()[2] for answer in answers)
+        tail = log.read_text(errors="replace")[-4000:]
+        assert statuses == ["200", "423", "423", "423", "423"], f"{answers}\n{tail}"
         expect(page.locator("#results li.s423").first).to_contain_text("Retry-After")
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / "06-demo-page.png"), full_page=True)
@@ -142,19 +146,24 @@ def _click_through_the_page(url: str) -> None:
 
 
 @pytest.fixture
-def running_demo(demo_env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+def running_demo(
+    demo_env: dict[str, str], tmp_path: Path
+) -> Iterator[tuple[str, subprocess.Popen[str], Path]]:
     port = _free_port()
-    demo = subprocess.Popen(
-        [DEMO, "--no-contention", "--port", str(port)],
-        env={**demo_env, "DEMO_REPORT_SECONDS": str(REPORT_SECONDS)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,  # its own process group, like a terminal's foreground job
-    )
+    log = tmp_path / "demo.log"
+    # Its web server's request log, shown if the page test fails.
+    with log.open("w") as output:
+        demo = subprocess.Popen(
+            [DEMO, "--no-contention", "--port", str(port)],
+            env={**demo_env, "DEMO_REPORT_SECONDS": str(REPORT_SECONDS)},
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group, like a terminal's foreground job
+        )
     try:
-        yield f"http://127.0.0.1:{port}", demo
+        yield f"http://127.0.0.1:{port}", demo, log
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
@@ -162,9 +171,9 @@ def running_demo(demo_env: dict[str, str]) -> Iterator[tuple[str, subprocess.Pop
 
 
 def test_demo_serves_the_page_and_ctrl_c_stops_everything(
-    running_demo: tuple[str, subprocess.Popen[str]],
+    running_demo: tuple[str, subprocess.Popen[str], Path],
 ) -> None:
-    url, demo = running_demo
+    url, demo, log = running_demo
     deadline = time.monotonic() + 180
     while True:
         assert demo.poll() is None, "scripts/demo exited early"
@@ -178,7 +187,7 @@ def test_demo_serves_the_page_and_ctrl_c_stops_everything(
 
     with urllib.request.urlopen(f"{url}/demo/locks.json", timeout=60) as response:
         assert "locks" in json.load(response)
-    _click_through_the_page(url)
+    _click_through_the_page(url, log)
 
     os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     demo.wait(timeout=120)
