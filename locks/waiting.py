@@ -171,7 +171,10 @@ def stop_listeners() -> None:
 
 def _forget_after_fork() -> None:
     # The parent's listener threads do not exist in the child; their sockets are not ours.
+    # (Nor is the mutex, which another thread of the parent may have held at the fork.)
+    global _listeners_mutex
     _listeners.clear()
+    _listeners_mutex = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
