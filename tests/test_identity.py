@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 
 from locks.identity import default_holder
 
@@ -89,3 +90,31 @@ def test_threads_of_a_new_process_asking_at_once_get_one_process_identity() -> N
     # One host:pid prefix and one nonce for the whole process.
     processes = {(h.split(":")[0], h.split(":")[1], h.split(":")[3]) for h in result["holders"]}
     assert len(processes) == 1
+
+
+def test_a_child_forked_while_a_parent_thread_holds_the_listeners_mutex_can_listen() -> None:
+    from locks import waiting
+
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with waiting._listeners_mutex:
+            held.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        waiting.listener("default")  # the parent's held mutex would block it for ever
+        os._exit(0)
+    done.set()
+    thread.join()
+    deadline = time.monotonic() + 20
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child hung on the listeners mutex")
+        time.sleep(0.05)
