@@ -85,7 +85,7 @@ OURS = "l.holder = EXCLUDED.holder"
 ASYNC_IF_REFUSED = (
     "CASE WHEN holder <> %(holder)s THEN set_config('synchronous_commit', 'off', true) END"
 )
-ACQUIRE_AS_HEAD = (
+_HEAD_ATTEMPT = (
     ACQUIRE[: ACQUIRE.index("ON CONFLICT")]
     + f"""ON CONFLICT (name) DO UPDATE SET
     count = CASE WHEN {EXPIRED} THEN 1 WHEN {OURS} THEN l.count + 1 ELSE l.count END,
@@ -102,11 +102,15 @@ RETURNING token, count, acquired_at, expires_at, holder = %(holder)s,
 )
 # An async waiter's attempt: it waits on the event loop, not in the queue (a session lock
 # would stay with whichever pool thread's connection took it), so it has no queue to leave.
-ACQUIRE_FLAGGING = ACQUIRE_AS_HEAD + "\n"
-ACQUIRE_AS_HEAD += f""",
+ACQUIRE_FLAGGING = _HEAD_ATTEMPT + "\n"
+# The head of the queue's attempt: granted, it also leaves the queue.
+ACQUIRE_AS_HEAD = (
+    _HEAD_ATTEMPT
+    + f""",
     CASE WHEN holder = %(holder)s
          THEN pg_advisory_unlock({QUEUE_NAMESPACE}, hashtext(CAST(%(name)s AS text))) END
 """
+)
 # The MATERIALIZED CTE runs first, so lock_timeout (this statement's only: is_local)
 # bounds the wait that follows.
 ENTER_QUEUE = f"""
