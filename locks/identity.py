@@ -9,7 +9,7 @@ import threading
 from itertools import count
 
 #: This process's (host:pid prefix, nonce), made once, by the first thread that asks.
-_state: dict[str, tuple[str, str]] = {}
+_process: tuple[str, str] | None = None
 _making = threading.Lock()
 _serial = count(1)
 _local = threading.local()
@@ -18,8 +18,8 @@ _local = threading.local()
 def _reset_after_fork() -> None:
     # A child must not share its parent's identity: it would re-enter the parent's locks.
     # (The lock too: another thread of the parent may have held it at the fork.)
-    global _local, _making
-    _state.clear()
+    global _process, _local, _making
+    _process = None
     _making = threading.Lock()
     _local = threading.local()
 
@@ -28,17 +28,15 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _process_identity() -> tuple[str, str]:
-    identity = _state.get("process")
-    if identity is None:
+    global _process
+    if _process is None:
         # Threads of a new process can ask at the same moment (a burst of requests): one
         # makes the identity, whole, and the others wait for it.
         with _making:
-            identity = _state.get("process")
-            if identity is None:
+            if _process is None:
                 host = socket.gethostname()[:100]
-                identity = (f"{host}:{os.getpid()}", secrets.token_hex(4))
-                _state["process"] = identity
-    return identity
+                _process = (f"{host}:{os.getpid()}", secrets.token_hex(4))
+    return _process
 
 
 def default_holder() -> str:
