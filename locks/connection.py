@@ -149,7 +149,7 @@ def cursor(wrapper: BaseDatabaseWrapper) -> DirectCursor | CursorWrapper:
         raw is not None
         and cached is not None
         and cached[0] is raw
-        and (cached[1] == _watched(wrapper))
+        and cached[1] == _watched(wrapper)
     ):
         return cast("DirectCursor | CursorWrapper", cached[2])
     # Opening the connection runs connection_created receivers, which may install hooks.
