@@ -25,7 +25,7 @@ HOW = """\
 ## Running it
 
 - `scripts/bench [options]`; every option: `scripts/bench --help`. `--quick` (short runs,
-  one repeat, 100,000 rows for (e)), `--scenarios a,c`, `--repeat N` (default 3),
+  one repeat, 100,000 rows for (e)), `--scenarios a,c`, `--repeat N` (default 5),
   `--duration S` (seconds per measurement, default 2), `--reap-rows N` (default 1,000,000),
   `--backends postgresql,mariadb,sqlite,redis`, `--contenders` (any of `locks`, `locks_pooled`,
   `floor`, `pg_advisory`, `get_lock`, `db_mutex`, `django_mysql`, `redis_lock`), and `--out`,
@@ -53,7 +53,9 @@ HOW = """\
   opened (and warmed up with 3 acquire+release pairs) before a barrier starts the clock.
   Contenders are interleaved: each repeat runs every scenario for every contender, and
   each repeat starts the round at a different contender. Figures are medians over the
-  repeats; lost updates and errors are totals; the longest wait is the worst of all repeats.
+  repeats (five by default: one repeat that something else on the machine disturbed moves
+  a median of five less than a median of three); lost updates and errors are totals; the
+  longest wait is the worst of all repeats.
 - This app runs through its public API (`locks.try_acquire`, `locks.acquire(timeout=...)`,
   `Lease.release`, `locks.reap_expired`). The floor, the advisory locks and `GET_LOCK`
   use psycopg 3 / mysqlclient / sqlite3 directly, in autocommit. django-db-mutex has no
@@ -188,7 +190,7 @@ def _header(results: dict[str, Any], plot: str | None, out: Path) -> list[str]:
     lines = [
         "# Benchmark: locks against its peers and the physical floor",
         "",
-        "Re-run everything with one command (about 10 minutes; `--quick` for about one):",
+        "Re-run everything with one command (about 13 minutes; `--quick` for about one):",
         "",
         "```sh",
         "scripts/bench            # writes this file, var/bench/latest.json and the plot",

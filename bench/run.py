@@ -41,7 +41,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about a minute: short runs, 1 repeat")
     parser.add_argument("--scenarios", default=SCENARIOS, help="subset of a,b,c,d,e (default all)")
-    parser.add_argument("--repeat", type=int, help="repeats per scenario (default 3; quick 1)")
+    parser.add_argument("--repeat", type=int, help="repeats per scenario (default 5; quick 1)")
     parser.add_argument("--duration", type=float, help="seconds per measurement (default 2)")
     parser.add_argument("--reap-rows", type=int, help="expired rows for (e) (default 1000000)")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="databases to run on")
@@ -62,7 +62,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if not args.scenarios:
         parser.error("--scenarios names none of a, b, c, d, e")
     if args.repeat is None:
-        args.repeat = 1 if args.quick else 3
+        args.repeat = 1 if args.quick else 5
     if args.duration is None:
         args.duration = 0.5 if args.quick else 2.0
     if args.reap_rows is None:
