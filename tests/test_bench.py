@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from bench.anatomy import STEPS
+from bench.run import parse
 from bench.stats import combine, percentile
 from bench.targets import judge
 from tests.conftest import BACKEND, ROOT
@@ -103,6 +104,11 @@ def test_bad_options_are_refused_before_anything_runs(
     assert done.returncode == 2
     assert error in done.stderr
     assert list(tmp_path.iterdir()) == []  # no report, no results, no plot
+
+
+def test_a_full_run_repeats_five_times_and_a_quick_one_once() -> None:
+    # The method section of the report and scripts/bench promise these defaults.
+    assert (parse([]).repeat, parse(["--quick"]).repeat, parse(["--repeat=2"]).repeat) == (5, 1, 2)
 
 
 def test_percentile_is_nearest_rank_in_milliseconds() -> None:
