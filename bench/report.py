@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .run import DEFAULTS, shown
 from .stats import paired
 from .targets import judge
 
@@ -21,12 +22,15 @@ TITLES = {
 BEGIN, END = "<!-- analysis:begin -->", "<!-- analysis:end -->"
 DEFAULT_ANALYSIS = "_No analysis written for this run yet._"
 
-HOW = """\
+REPEATS, QUICK_REPEATS = shown(DEFAULTS["repeat"].full), shown(DEFAULTS["repeat"].quick)
+REAP_ROWS, QUICK_REAP_ROWS = shown(DEFAULTS["reap_rows"].full), shown(DEFAULTS["reap_rows"].quick)
+HOW = f"""\
 ## Running it
 
 - `scripts/bench [options]`; every option: `scripts/bench --help`. `--quick` (short runs,
-  one repeat, 100,000 rows for (e)), `--scenarios a,c`, `--repeat N` (default 5),
-  `--duration S` (seconds per measurement, default 2), `--reap-rows N` (default 1,000,000),
+  {QUICK_REPEATS} repeat(s), {QUICK_REAP_ROWS} rows for (e)), `--scenarios a,c`, `--repeat N`
+  (default {REPEATS}), `--duration S` (seconds per measurement, default
+  {shown(DEFAULTS["duration"].full)}), `--reap-rows N` (default {REAP_ROWS}),
   `--backends postgresql,mariadb,sqlite,redis`, `--contenders` (any of `locks`, `locks_pooled`,
   `floor`, `pg_advisory`, `get_lock`, `db_mutex`, `django_mysql`, `redis_lock`), and `--out`,
   `--json`, `--plot` for the output paths.
@@ -53,9 +57,9 @@ HOW = """\
   opened (and warmed up with 3 acquire+release pairs) before a barrier starts the clock.
   Contenders are interleaved: each repeat runs every scenario for every contender, and
   each repeat starts the round at a different contender. Figures are medians over the
-  repeats (five by default: one repeat that something else on the machine disturbed moves
-  a median of five less than a median of three); lost updates and errors are totals; the
-  longest wait is the worst of all repeats.
+  repeats ({REPEATS} by default: one repeat that something else on the machine disturbed
+  moves a median of five less than a median of three); lost updates and errors are
+  totals; the longest wait is the worst of all repeats.
 - This app runs through its public API (`locks.try_acquire`, `locks.acquire(timeout=...)`,
   `Lease.release`, `locks.reap_expired`). The floor, the advisory locks and `GET_LOCK`
   use psycopg 3 / mysqlclient / sqlite3 directly, in autocommit. django-db-mutex has no

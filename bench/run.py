@@ -13,7 +13,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import django
 
@@ -31,6 +31,27 @@ ALL_FAMILIES = [
 ]
 
 
+class Default(NamedTuple):
+    """A numeric option's help, its value for a full run, and for ``--quick``."""
+
+    what: str
+    full: int | float
+    quick: int | float
+
+
+#: The help text and the report's method section are written from these.
+DEFAULTS = {
+    "repeat": Default("repeats per scenario", 5, 1),
+    "duration": Default("seconds per measurement", 2.0, 0.5),
+    "reap_rows": Default("expired rows for (e)", 1_000_000, 100_000),
+}
+
+
+def shown(value: int | float) -> str:
+    """A default as the help and the report write it: ``shown(1_000_000) == "1,000,000"``."""
+    return f"{value:g}" if isinstance(value, float) else f"{value:,}"
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """Parse and check the command line; refuse unknown names before anything runs.
 
@@ -39,11 +60,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args = parse(["--quick", "--scenarios", "a,c"])
     """
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="about a minute: short runs, 1 repeat")
+    quick_help = f"about a minute: short runs, {shown(DEFAULTS['repeat'].quick)} repeat(s)"
+    parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--scenarios", default=SCENARIOS, help="subset of a,b,c,d,e (default all)")
-    parser.add_argument("--repeat", type=int, help="repeats per scenario (default 5; quick 1)")
-    parser.add_argument("--duration", type=float, help="seconds per measurement (default 2)")
-    parser.add_argument("--reap-rows", type=int, help="expired rows for (e) (default 1000000)")
+    for option, default in DEFAULTS.items():
+        parser.add_argument(
+            f"--{option.replace('_', '-')}",
+            type=type(default.full),
+            help=f"{default.what} (default {shown(default.full)}; quick {shown(default.quick)})",
+        )
     parser.add_argument("--backends", default=",".join(BACKENDS), help="databases to run on")
     parser.add_argument("--contenders", default=",".join(ALL_FAMILIES), help="families to run")
     parser.add_argument("--out", default="docs/benchmark.md", help="Markdown report")
@@ -61,12 +86,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"unknown --{option}: {', '.join(names)}")
     if not args.scenarios:
         parser.error("--scenarios names none of a, b, c, d, e")
-    if args.repeat is None:
-        args.repeat = 1 if args.quick else 5
-    if args.duration is None:
-        args.duration = 0.5 if args.quick else 2.0
-    if args.reap_rows is None:
-        args.reap_rows = 100_000 if args.quick else 1_000_000
+    for option, default in DEFAULTS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, default.quick if args.quick else default.full)
     if args.repeat < 1 or args.duration <= 0 or args.reap_rows < 1:
         parser.error("--repeat, --duration and --reap-rows must be positive")
     return args

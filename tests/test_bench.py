@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from bench.anatomy import STEPS
+from bench.report import HOW
 from bench.run import parse
 from bench.stats import combine, percentile
 from bench.targets import judge
@@ -107,8 +108,30 @@ def test_bad_options_are_refused_before_anything_runs(
 
 
 def test_a_full_run_repeats_five_times_and_a_quick_one_once() -> None:
-    # The method section of the report and scripts/bench promise these defaults.
+    # scripts/bench and the published analysis promise these defaults.
     assert (parse([]).repeat, parse(["--quick"]).repeat, parse(["--repeat=2"]).repeat) == (5, 1, 2)
+    full, quick = parse([]), parse(["--quick"])
+    assert (full.duration, full.reap_rows) == (2.0, 1_000_000)
+    assert (quick.duration, quick.reap_rows) == (0.5, 100_000)
+
+
+def test_the_help_and_the_report_state_the_defaults_the_run_uses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for option in ("repeats per scenario", "seconds per measurement", "expired rows for (e)"):
+        assert option in shown
+    assert "(default 5; quick 1)" in shown
+    assert "(default 2; quick 0.5)" in shown
+    assert "(default 1,000,000; quick 100,000)" in shown
+    how = " ".join(HOW.split())
+    assert "`--repeat N` (default 5)" in how
+    assert "default 2)" in how
+    assert "`--reap-rows N` (default 1,000,000)" in how
+    assert "1 repeat(s), 100,000 rows for (e)" in how
+    assert "repeats (5 by default" in how
 
 
 def test_percentile_is_nearest_rank_in_milliseconds() -> None:
