@@ -22,15 +22,16 @@ TITLES = {
 BEGIN, END = "<!-- analysis:begin -->", "<!-- analysis:end -->"
 DEFAULT_ANALYSIS = "_No analysis written for this run yet._"
 
-REPEATS, QUICK_REPEATS = shown(DEFAULTS["repeat"].full), shown(DEFAULTS["repeat"].quick)
-REAP_ROWS, QUICK_REAP_ROWS = shown(DEFAULTS["reap_rows"].full), shown(DEFAULTS["reap_rows"].quick)
+# The run's defaults as the method text writes them (see bench.run.DEFAULTS).
+FULL = {option: shown(default.full) for option, default in DEFAULTS.items()}
+QUICK = {option: shown(default.quick) for option, default in DEFAULTS.items()}
 HOW = f"""\
 ## Running it
 
 - `scripts/bench [options]`; every option: `scripts/bench --help`. `--quick` (short runs,
-  {QUICK_REPEATS} repeat(s), {QUICK_REAP_ROWS} rows for (e)), `--scenarios a,c`, `--repeat N`
-  (default {REPEATS}), `--duration S` (seconds per measurement, default
-  {shown(DEFAULTS["duration"].full)}), `--reap-rows N` (default {REAP_ROWS}),
+  {QUICK["repeat"]} repeat(s), {QUICK["reap_rows"]} rows for (e)), `--scenarios a,c`, `--repeat N`
+  (default {FULL["repeat"]}), `--duration S` (seconds per measurement, default
+  {FULL["duration"]}), `--reap-rows N` (default {FULL["reap_rows"]}),
   `--backends postgresql,mariadb,sqlite,redis`, `--contenders` (any of `locks`, `locks_pooled`,
   `floor`, `pg_advisory`, `get_lock`, `db_mutex`, `django_mysql`, `redis_lock`), and `--out`,
   `--json`, `--plot` for the output paths.
@@ -57,7 +58,7 @@ HOW = f"""\
   opened (and warmed up with 3 acquire+release pairs) before a barrier starts the clock.
   Contenders are interleaved: each repeat runs every scenario for every contender, and
   each repeat starts the round at a different contender. Figures are medians over the
-  repeats ({REPEATS} by default: one repeat that something else on the machine disturbed
+  repeats ({FULL["repeat"]} by default: one repeat that something else on the machine disturbed
   moves a median of five less than a median of three); lost updates and errors are
   totals; the longest wait is the worst of all repeats.
 - This app runs through its public API (`locks.try_acquire`, `locks.acquire(timeout=...)`,
