@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .run import DEFAULTS, shown
+from .run import DEFAULTS, repeats, shown
 from .stats import paired
 from .targets import judge
 
@@ -28,10 +28,10 @@ QUICK = {option: shown(default.quick) for option, default in DEFAULTS.items()}
 HOW = f"""\
 ## Running it
 
-- `scripts/bench [options]`; every option: `scripts/bench --help`. `--quick` (short runs,
-  {QUICK["repeat"]} repeat(s), {QUICK["reap_rows"]} rows for (e)), `--scenarios a,c`, `--repeat N`
-  (default {FULL["repeat"]}), `--duration S` (seconds per measurement, default
-  {FULL["duration"]}), `--reap-rows N` (default {FULL["reap_rows"]}),
+- `scripts/bench [options]`; every option: `scripts/bench --help`. `--quick` (short
+  runs, {repeats(DEFAULTS["repeat"].quick)}, {QUICK["reap_rows"]} rows for (e)),
+  `--scenarios a,c`, `--repeat N` (default {FULL["repeat"]}), `--duration S` (seconds per
+  measurement, default {FULL["duration"]}), `--reap-rows N` (default {FULL["reap_rows"]}),
   `--backends postgresql,mariadb,sqlite,redis`, `--contenders` (any of `locks`, `locks_pooled`,
   `floor`, `pg_advisory`, `get_lock`, `db_mutex`, `django_mysql`, `redis_lock`), and `--out`,
   `--json`, `--plot` for the output paths.
@@ -202,7 +202,7 @@ def _header(results: dict[str, Any], plot: str | None, out: Path) -> list[str]:
         "scripts/bench --quick    # smoke run",
         "```",
         "",
-        f"This run: {meta['started']}, {mode} mode, {meta['repeat']} repeat(s) of "
+        f"This run: {meta['started']}, {mode} mode, {repeats(meta['repeat'])} of "
         f"{meta['duration']:g} s per measurement, (e) with {meta['reap_rows']:,} rows, "
         f"{meta['seconds']:.0f} s in all, on {meta['cpus']} CPUs. Load average before "
         f"{meta['load_before']}, after {meta['load_after']}"

@@ -52,6 +52,11 @@ def shown(value: int | float) -> str:
     return f"{value:g}" if isinstance(value, float) else f"{value:,}"
 
 
+def repeats(count: int | float) -> str:
+    """How many repeats, in words: ``repeats(1) == "1 repeat"``, ``repeats(5) == "5 repeats"``."""
+    return f"{shown(count)} repeat{'' if count == 1 else 's'}"
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """Parse and check the command line; refuse unknown names before anything runs.
 
@@ -60,7 +65,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args = parse(["--quick", "--scenarios", "a,c"])
     """
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    quick_help = f"about a minute: short runs, {shown(DEFAULTS['repeat'].quick)} repeat(s)"
+    quick_help = f"about a minute: short runs, {repeats(DEFAULTS['repeat'].quick)}"
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--scenarios", default=SCENARIOS, help="subset of a,b,c,d,e (default all)")
     for option, default in DEFAULTS.items():

@@ -84,6 +84,7 @@ def test_tiny_run_measures_the_app_and_the_floor_with_no_lost_update(tmp_path: P
     assert summary["e"][app]["reaped"] == REAP_ROWS
     report = (tmp_path / "benchmark.md").read_text()
     assert "## Targets" in report
+    assert "full mode, 1 repeat of 0.3 s per measurement" in report
     assert f"| locks ({BACKEND}) |" in report
     assert "(c) no lost update, any contender | 0 in 2 contenders | met |" in report
 
@@ -124,13 +125,14 @@ def test_the_help_and_the_report_state_the_defaults_the_run_uses(
     for option in ("repeats per scenario", "seconds per measurement", "expired rows for (e)"):
         assert option in shown
     assert "(default 5; quick 1)" in shown
+    assert "short runs, 1 repeat" in shown
     assert "(default 2; quick 0.5)" in shown
     assert "(default 1,000,000; quick 100,000)" in shown
     how = " ".join(HOW.split())
     assert "`--repeat N` (default 5)" in how
     assert "default 2)" in how
     assert "`--reap-rows N` (default 1,000,000)" in how
-    assert "1 repeat(s), 100,000 rows for (e)" in how
+    assert "1 repeat, 100,000 rows for (e)" in how
     assert "repeats (5 by default" in how
 
 
