@@ -19,6 +19,7 @@ import time
 import weakref
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AsyncContextDecorator
+from dataclasses import replace
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -144,7 +145,8 @@ async def _wait_notified(request: _Request, timeout: float | None, deadline: flo
     listener = waiting.listener(request.using)
     woken = listener.subscribe(request.name, _LoopEvent(), wait=0)
     try:
-        await run_sync(listener.wait_listening, 1.0)
+        left = request._time_left(deadline, timeout)
+        await run_sync(listener.wait_listening, min(waiting.LISTEN_WAIT_SECONDS, left))
         for attempt in itertools.count():
             woken.event.clear()  # what came before is re-read by the attempt below
             outcome = await _attempt(functools.partial(request.attempt_as_head, queued=False))
@@ -230,14 +232,7 @@ class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator
         request = self._request
         if not self._fixed_holder:
             # The holder is that of the task entering the block, not of the one that built it.
-            request = _Request.build(
-                request.name,
-                request.ttl,
-                task_holder(),
-                request.using,
-                request.note,
-                request.auto_renew,
-            )
+            request = replace(request, holder=task_holder())
         self._lease = await _wait(request, self._timeout)
         return self._lease
 

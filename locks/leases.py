@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import ContextDecorator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -159,7 +159,11 @@ class _Request:
         deadline = None if timeout is None else time.monotonic() + timeout
         if queues:
             listener = waiting.listener(self.using)
-            woken = listener.subscribe(self.name, threading.Event())
+            woken = listener.subscribe(
+                self.name,
+                threading.Event(),
+                wait=min(waiting.LISTEN_WAIT_SECONDS, self._time_left(deadline, timeout)),
+            )
             try:
                 return self._wait_queued(deadline, timeout, woken)
             finally:
@@ -441,7 +445,9 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _end(self, exc_type is not None)
+        # A block that released its lease itself (e.g. early, before slow cleanup) is fine.
+        if self._state != RELEASED:
+            _end(self, exc_type is not None)
 
 
 def _end(lease: Lease, failing: bool) -> None:
@@ -508,17 +514,23 @@ def try_acquire(
 class LockContext(ContextDecorator):
     """What :func:`lock` returns: a context manager (and decorator) that holds a lease."""
 
-    def __init__(self, request: _Request, timeout: float | None) -> None:
+    def __init__(self, request: _Request, timeout: float | None, fixed_holder: bool) -> None:
         self._request = request
         self._timeout = timeout
+        self._fixed_holder = fixed_holder
         self._lease: Lease | None = None
 
     def _recreate_cm(self) -> LockContext:
         # Used as a decorator, each call (in any thread) gets its own lease.
-        return LockContext(self._request, self._timeout)
+        return LockContext(self._request, self._timeout, self._fixed_holder)
 
     def __enter__(self) -> Lease:
-        self._lease = self._request.wait(self._timeout)
+        request = self._request
+        if not self._fixed_holder:
+            # The holder is the entering thread's, not the building one's: a function
+            # decorated at import time runs in many threads, and in forked children.
+            request = replace(request, holder=default_holder())
+        self._lease = request.wait(self._timeout)
         return self._lease
 
     def __exit__(
@@ -557,7 +569,7 @@ def lock(
         def nightly_report(): ...
     """
     request = _Request.build(name, ttl, holder, using, note, auto_renew)
-    return LockContext(request, validation.timeout_seconds(timeout))
+    return LockContext(request, validation.timeout_seconds(timeout), holder is not None)
 
 
 def is_locked(name: str, *, using: str | None = None) -> bool:

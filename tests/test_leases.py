@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from datetime import timedelta
@@ -284,6 +285,67 @@ def test_lock_works_as_a_decorator_with_a_fresh_lease_per_call() -> None:
     work()
     assert len(tokens) == 2 and tokens[0] < tokens[1]
     assert not locks.is_locked("orders:1")
+
+
+def test_a_decorated_function_excludes_its_own_calls_in_other_threads() -> None:
+    # The decorator is built once, in this thread; each call holds as its own thread.
+    inside, done = threading.Event(), threading.Event()
+
+    @locks.lock("orders:1", ttl=30, timeout=0)
+    def work() -> None:
+        inside.set()
+        assert done.wait(10)
+
+    other = threading.Thread(target=work)
+    other.start()
+    try:
+        assert inside.wait(10)
+        with pytest.raises(locks.LockBusy):
+            work()
+        assert Lock.objects.get(name="orders:1").count == 1
+    finally:
+        done.set()
+        other.join(10)
+    assert not locks.is_locked("orders:1")
+
+
+def test_a_decorated_function_excludes_its_own_calls_in_forked_children() -> None:
+    # Pre-forking servers import (and decorate) in the parent, then serve in children.
+    inside, done = threading.Event(), threading.Event()
+
+    @locks.lock("orders:1", ttl=30, timeout=0)
+    def work() -> None:
+        inside.set()
+        assert done.wait(10)
+
+    holder = threading.Thread(target=work)
+    holder.start()
+    try:
+        assert inside.wait(10)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports by its exit code
+            code = 3
+            try:
+                done.set()  # the child's copy: its own call must not wait on it
+                work()
+                code = 1  # re-entered the parent's holding
+            except locks.LockBusy:
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert Lock.objects.get(name="orders:1").count == 1
+    finally:
+        done.set()
+        holder.join(10)
+
+
+def test_a_lease_released_inside_its_with_block_is_not_released_again() -> None:
+    with locks.acquire("orders:1") as lease:
+        lease.release()
+        successor = locks.acquire("orders:1", holder="bob")
+    assert successor.held and locks.is_locked("orders:1")
 
 
 def test_lease_is_a_context_manager_too() -> None:
