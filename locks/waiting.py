@@ -29,6 +29,8 @@ logger = logging.getLogger("locks.waiting")
 
 #: A listener with no waiters hangs up after this many seconds.
 IDLE_SECONDS = 10.0
+#: A new waiter waits at most this long (and never past its own timeout) for LISTEN.
+LISTEN_WAIT_SECONDS = 1.0
 
 
 class Wakeable(Protocol):
@@ -51,7 +53,7 @@ class Listener:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def subscribe(self, name: str, event: W, *, wait: float = 1.0) -> W:
+    def subscribe(self, name: str, event: W, *, wait: float = LISTEN_WAIT_SECONDS) -> W:
         """Set ``event`` whenever ``name`` is released (or notifications were lost).
 
         Returns ``event``. Blocks until the listener listens, for ``wait`` seconds at most
@@ -109,10 +111,16 @@ class Listener:
                 self._listen(wrapper)
                 # Releases may have gone unnoticed while there was no LISTEN.
                 self._wake(None)
-                idle_since = self._serve(wrapper, idle_since)
+                self._serve(wrapper, idle_since)
                 return
             except Exception as exc:
                 logger.warning("release notifications on %r unavailable: %s", self.alias, exc)
+                # A database that stays unreachable must not keep a thread of a process
+                # that no longer waits for anything.
+                still = self._idle_since(idle_since)
+                if still is None:
+                    return
+                idle_since = still
                 self._stop.wait(1.0)
             finally:
                 self._ready.clear()
@@ -123,18 +131,27 @@ class Listener:
         for_connection(wrapper).listen(wrapper.connection)
         self._ready.set()
 
-    def _serve(self, wrapper: BaseDatabaseWrapper, idle_since: float) -> float:
+    def _serve(self, wrapper: BaseDatabaseWrapper, idle_since: float) -> None:
         backend = for_connection(wrapper)
         while not self._stop.is_set():
             for name in backend.notifications(wrapper.connection, 0.5):
                 self._wake(name)
-            with self._mutex:
-                if self._waiters:
-                    idle_since = time.monotonic()
-                elif time.monotonic() - idle_since > IDLE_SECONDS:
-                    self._thread = None
-                    return idle_since
-        return idle_since
+            still = self._idle_since(idle_since)
+            if still is None:
+                return
+            idle_since = still
+
+    def _idle_since(self, since: float) -> float | None:
+        """When the waiters last went (now, while there are some); None once the thread
+        is to end, having had none for :data:`IDLE_SECONDS`."""
+        with self._mutex:
+            if self._waiters:
+                return time.monotonic()
+            if time.monotonic() - since > IDLE_SECONDS:
+                # Under the mutex: a subscribe from now on starts a new thread.
+                self._thread = None
+                return None
+            return since
 
 
 _listeners: dict[str, Listener] = {}

@@ -11,8 +11,6 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError
-
 from .exceptions import LockLost
 
 if TYPE_CHECKING:
@@ -28,6 +26,9 @@ class Watchdog:
     runs as a daemon thread, so it never keeps a process alive.
     """
 
+    #: Seconds with nothing to renew after which the thread ends (the next watch starts one).
+    IDLE_SECONDS = 60.0
+
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._queue: list[tuple[float, int, weakref.ref[Lease]]] = []
@@ -40,6 +41,8 @@ class Watchdog:
             heapq.heappush(
                 self._queue, (time.monotonic() + delay, next(self._seq), weakref.ref(lease))
             )
+            # A thread that is ending has set _thread to None under this lock first, so
+            # a lease pushed meanwhile is never left to a thread that will not serve it.
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="locks-watchdog", daemon=True
@@ -56,8 +59,9 @@ class Watchdog:
                     # Nothing to renew: hang up, so an idle process holds no session
                     # (and a test database can be dropped).
                     connection.close()
-                    self._cond.wait(timeout=60)
+                    self._cond.wait(timeout=self.IDLE_SECONDS)
                     if not self._queue:
+                        self._thread = None
                         return None
                     continue
                 due = self._queue[0][0] - time.monotonic()
@@ -87,8 +91,12 @@ class Watchdog:
             lease._mark_lost()
             logger.warning("auto-renew: lease %r lost: %s", lease.name, exc)
             return
-        except DatabaseError as exc:
-            # Keep trying while the lease may still be ours; give up once it surely is not.
+        except Exception as exc:
+            if not lease.held:
+                return  # released while its renewal was due: the release won, as it should
+            # A database error, say. Nothing may escape: it would end this thread and with
+            # it the renewals of every other lease. Keep trying while the lease may still
+            # be ours; give up once it surely is not.
             remaining = lease._local_deadline - time.monotonic()
             if remaining <= 0:
                 lease._mark_lost()

@@ -9,6 +9,7 @@ import time
 import weakref
 
 import pytest
+from django.db import connection, transaction
 
 import locks
 from locks import watchdog
@@ -69,6 +70,72 @@ def test_watchdog_stops_renewing_after_release() -> None:
     assert not locks.is_locked("orders:1")
     assert Lock.objects.get(name="orders:1").expires_at == first_expiry
     assert wait_for(lambda: not watchdog._watchdog._queue, 2)
+
+
+def hold_write_lock(name: str, seconds: float, backend: str) -> threading.Thread:
+    """Block writes to ``name``'s row from another connection for ``seconds``."""
+    ready = threading.Event()
+
+    def block() -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            if backend == "sqlite":
+                cursor.execute("UPDATE locks_lock SET note = note WHERE name = %s", [name])
+            else:
+                cursor.execute("SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", [name])
+            ready.set()
+            time.sleep(seconds)
+        connection.close()
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    assert ready.wait(10)
+    return thread
+
+
+def test_a_release_that_races_a_due_renewal_stops_no_other_renewals(backend: str) -> None:
+    other = locks.acquire("orders:2", ttl=3, auto_renew=True)  # renewed every second
+    lease = locks.acquire("orders:1", ttl=0.6, auto_renew=True)  # every 0.2 s
+    # The release waits on the server for 0.8 s; meanwhile a renewal falls due, finds
+    # the lease still held and waits for the release to finish.
+    blocker = hold_write_lock("orders:1", 0.8, backend)
+    releasing = threading.Thread(target=lease.release)
+    releasing.start()
+    blocker.join(10)
+    releasing.join(10)
+    assert not lease.held and not lease.lost
+    assert not locks.is_locked("orders:1")
+    time.sleep(3.5)  # past the other lease's first expiry: it must have been renewed
+    assert locks.check_token("orders:2", other.token)
+    assert not other.lost
+    other.release()
+
+
+def test_a_lease_watched_while_an_idle_watchdog_ends_is_still_renewed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dog = watchdog.Watchdog()
+    dog.IDLE_SECONDS = 0.05
+    ending, go_on = threading.Event(), threading.Event()
+    next_due = dog._next_due
+
+    def held_up_when_idle() -> weakref.ref[locks.Lease] | None:
+        ref = next_due()
+        if ref is None:  # the idle thread is ending: keep it alive here a while
+            ending.set()
+            go_on.wait(10)
+        return ref
+
+    monkeypatch.setattr(dog, "_next_due", held_up_when_idle)
+    monkeypatch.setattr(watchdog, "_watchdog", dog)
+    try:
+        locks.acquire("orders:1", ttl=0.3, auto_renew=True).release()
+        assert ending.wait(5)
+        lease = locks.acquire("orders:2", ttl=0.6, auto_renew=True)
+        time.sleep(1.2)  # twice its TTL
+        assert locks.check_token("orders:2", lease.token)
+        lease.release()
+    finally:
+        go_on.set()
 
 
 def test_a_dropped_lease_is_not_kept_alive_by_the_watchdog() -> None:

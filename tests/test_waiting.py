@@ -7,9 +7,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from django.db import connections
 from django.test import override_settings
 
 import locks
+from locks import waiting
 from locks.models import Lock
 from tests import pgbouncer
 
@@ -73,6 +75,27 @@ def test_a_waiter_wakes_when_the_holders_lease_expires() -> None:
     started = time.monotonic()
     waiter("orders:1", results).join()
     assert results and results[0] - started < 5
+
+
+@pytest.mark.usefixtures("listening")
+def test_a_listener_that_cannot_connect_delays_no_waiter_past_its_timeout_and_then_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    locks.acquire("orders:1", holder="first")
+    # New connections (the listener's) go to a port where nothing listens; this thread's
+    # own lock connection is open already and goes on working.
+    monkeypatch.setitem(connections.settings["default"], "PORT", "1")
+    monkeypatch.setattr(waiting, "IDLE_SECONDS", 0.2)
+    started = time.monotonic()
+    with pytest.raises(locks.LockBusy):
+        locks.acquire("orders:1", holder="second", timeout=0.1)
+    # Not the second a waiter gives a listener that is connecting.
+    assert time.monotonic() - started < 0.8
+    # With nobody waiting any more, the listener stops retrying and its thread ends.
+    deadline = time.monotonic() + 5
+    while any(t.name.startswith("locks-listener") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the listener kept retrying with no waiter"
+        time.sleep(0.05)
 
 
 @pytest.mark.usefixtures("listening")
