@@ -255,8 +255,16 @@ class SingletonTask(Task[..., Any]):
                 **options,
             )
         except BaseException:
-            # Nothing was queued: a lock left behind would block the key until it expires.
-            _release_quietly(lease, f"publishing task {self.name}[{task_id}] failed")
+            if not self.app.conf.task_always_eager:
+                # Nothing was queued: a lock left behind would block the key until it expires.
+                _release_quietly(lease, f"publishing task {self.name}[{task_id}] failed")
+            else:
+                # Eager: the error may come from before the run (Celery's argument check),
+                # whose lock is still ours, or out of the run (task_eager_propagates), whose
+                # end already released the whole holding: finding it gone is expected.
+                _release_quietly(
+                    lease, f"eager run of task {self.name}[{task_id}] raised", gone_ok=True
+                )
             raise
 
     def _note(self) -> str:
@@ -349,12 +357,18 @@ class SingletonTask(Task[..., Any]):
         return self.lock_name(args, kwargs)
 
 
-def _release_quietly(lease: leases.Lease, why: str, *, entirely: bool = False) -> None:
-    """Release without masking the caller's outcome: the lease expires by itself anyway."""
+def _release_quietly(
+    lease: leases.Lease, why: str, *, entirely: bool = False, gone_ok: bool = False
+) -> None:
+    """Release without masking the caller's outcome: the lease expires by itself anyway.
+
+    ``gone_ok``: the holding may rightly be gone already; finding so is no warning.
+    """
     try:
         lease.release(entirely=entirely)
     except LockLost as exc:
-        logger.warning("%s, but lock %r was no longer its own: %s", why, lease.name, exc)
+        log = logger.debug if gone_ok else logger.warning
+        log("%s, but lock %r was no longer its own: %s", why, lease.name, exc)
     except DatabaseError:
         logger.exception(
             "%s, but releasing lock %r failed; it expires at %s", why, lease.name, lease.expires_at

@@ -8,12 +8,12 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 
-from .conf import DEFAULTS, conf
+from .conf import DEFAULTS, VALID, conf
 
 
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """locks.E001/E002/E004, locks.W001: the ``LOCKS`` setting and what it points at."""
+    """locks.E001/E002/E004/E005, locks.W001: the ``LOCKS`` setting and what it points at."""
     errors: list[CheckMessage] = []
     user = getattr(settings, "LOCKS", {})
     if not isinstance(user, dict):
@@ -39,6 +39,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                     id="locks.E004",
                 )
             )
+    errors.extend(_bad_values())
     if conf.DATABASE not in connections.settings:
         errors.append(
             Error(
@@ -55,6 +56,26 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="locks.W001",
             )
         )
+    return errors
+
+
+def _bad_values() -> list[CheckMessage]:
+    """locks.E005: each numeric setting outside its range, read as the app reads it."""
+    errors: list[CheckMessage] = []
+    bad: set[str] = set()
+    for key, valid in VALID.items():
+        try:
+            getattr(conf, key)
+        except (TypeError, ValueError) as exc:
+            bad.add(key)
+            errors.append(Error(f"{exc}.", hint=f"Use {valid}.", id="locks.E005"))
+    # Their order is worth a word only once each is valid on its own.
+    if not bad & {"BACKOFF_MIN", "BACKOFF_MAX"}:
+        try:
+            conf.backoff()
+        except ValueError as exc:
+            hint = "The pauses of a blocking acquire grow from BACKOFF_MIN up to BACKOFF_MAX."
+            errors.append(Error(f"{exc}.", hint=hint, id="locks.E005"))
     return errors
 
 

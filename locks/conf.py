@@ -46,6 +46,23 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+_SECONDS = "a number of seconds (or a timedelta)"
+
+#: What each checked setting accepts, in words: the hint of system check locks.E005.
+#: The rules themselves are the validators the ``Settings`` properties call.
+VALID: dict[str, str] = {
+    "DEFAULT_TTL": f"{_SECONDS} from {validation.MIN_TTL} to {validation.MAX_TTL:.0f} (a year)",
+    "BACKOFF_MIN": f"{_SECONDS} above 0, finite, and at most BACKOFF_MAX",
+    "BACKOFF_MAX": f"{_SECONDS} above 0, finite, and at least BACKOFF_MIN",
+    "TRANSIENT_RETRIES": "an int, 0 or more",
+    "REAP_BATCH_SIZE": f"an int from 1 to {validation.MAX_BATCH_SIZE}",
+    "REAP_TIME_BUDGET": f"None (no limit) or {_SECONDS} from 0 to "
+    f"{validation.MAX_TIMEOUT:.0f} (a year)",
+    "TASK_LOCK_TTL": f"{_SECONDS} from {validation.MIN_TTL} to {validation.MAX_TTL:.0f} (a year)",
+    "RENEW_FRACTION": "a number between 0 and 1, both excluded",
+}
+
+
 class Settings:
     """Typed access to ``settings.LOCKS``; read at every access so ``override_settings`` works.
 
@@ -63,25 +80,45 @@ class Settings:
     def DATABASE(self) -> str:
         return str(self._get("DATABASE"))
 
+    # Each numeric setting is checked by one validator at every read (cheap: a few type
+    # and range tests), so a bad value fails naming the setting wherever it is used, and
+    # the system check (locks.E005) reads these same properties.
+
     @property
     def DEFAULT_TTL(self) -> float:
-        return float(self._get("DEFAULT_TTL"))
+        return self._checked("DEFAULT_TTL", validation.ttl_seconds)
 
     @property
     def BACKOFF_MIN(self) -> float:
-        return float(self._get("BACKOFF_MIN"))
+        return self._checked("BACKOFF_MIN", validation.pause_seconds)
 
     @property
     def BACKOFF_MAX(self) -> float:
-        return float(self._get("BACKOFF_MAX"))
+        return self._checked("BACKOFF_MAX", validation.pause_seconds)
+
+    def backoff(self) -> tuple[float, float]:
+        """``(BACKOFF_MIN, BACKOFF_MAX)``; raises ValueError if the first exceeds the second.
+
+        Example::
+
+            first_pause, longest_pause = conf.backoff()
+        """
+        low, high = self.BACKOFF_MIN, self.BACKOFF_MAX
+        if low > high:
+            raise ValueError(
+                f"LOCKS['BACKOFF_MIN'] ({low!r} s) must not exceed "
+                f"LOCKS['BACKOFF_MAX'] ({high!r} s)"
+            )
+        return low, high
 
     @property
     def TRANSIENT_RETRIES(self) -> int:
-        return int(self._get("TRANSIENT_RETRIES"))
+        return self._checked("TRANSIENT_RETRIES", validation.check_retries)
 
     @property
     def REAP_BATCH_SIZE(self) -> int:
-        return int(self._get("REAP_BATCH_SIZE"))
+        # The same rule as reap_expired's batch_size argument, which it stands in for.
+        return self._checked("REAP_BATCH_SIZE", validation.check_batch_size)
 
     def notify(self, settings_dict: dict[str, Any]) -> bool:
         """Whether blocked acquires on this database wait for NOTIFY (``NOTIFY``)."""
@@ -128,7 +165,8 @@ class Settings:
 
     @property
     def RENEW_FRACTION(self) -> float:
-        return float(self._get("RENEW_FRACTION"))
+        # At 1 or more the watchdog would renew at or after expiry; at 0 or less, nonstop.
+        return self._checked("RENEW_FRACTION", validation.check_fraction)
 
 
 conf = Settings()

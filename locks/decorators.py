@@ -142,7 +142,9 @@ class ViewLock:
         self, view: Callable[..., Any], request: HttpRequest, args: Any, kwargs: Any
     ) -> HttpResponseBase:
         """Run an ``async def`` view under the lease, or answer busy, off the event loop."""
-        name = self.name_for(request, args, kwargs)
+        # In a worker thread: a key like "export:{request.user.pk}" loads the lazy user
+        # (session, then user row) from the database, which Django refuses on the loop.
+        name = await sync_to_async(self.name_for)(request, args, kwargs)
         attempt = self._request(name, task_holder(), request, view)
         try:
             lease = await _wait(attempt, self.timeout)

@@ -45,7 +45,8 @@ BACKOFF_GROWTH = 1.5
 
 def _backoff(attempt: int) -> float:
     """Exponential backoff, bounded, with jitter so waiters do not retry in lockstep."""
-    cap = min(conf.BACKOFF_MAX, conf.BACKOFF_MIN * BACKOFF_GROWTH ** min(attempt, 60))
+    low, high = conf.backoff()
+    cap = min(high, low * BACKOFF_GROWTH ** min(attempt, 60))
     return cap / 2 + random.uniform(0, cap / 2)
 
 
@@ -95,10 +96,14 @@ class _Request:
         cls, name: Any, ttl: Any, holder: Any, using: Any, note: Any, auto_renew: Any
     ) -> _Request:
         name = validation.check_name(name)
-        ttl = validation.ttl_seconds(conf.DEFAULT_TTL if ttl is None else ttl)
+        # The setting is checked where it is read (naming it in the error), once.
+        ttl = conf.DEFAULT_TTL if ttl is None else validation.ttl_seconds(ttl)
         holder = default_holder() if holder is None else validation.check_holder(holder)
         if not isinstance(auto_renew, bool):
             raise TypeError(f"auto_renew must be True or False, not {auto_renew!r}")
+        if auto_renew:
+            # Checked now, before any query: failing once the lease is taken would strand it.
+            _ = conf.RENEW_FRACTION
         return cls(name, ttl, holder, _alias(using), validation.check_note(note), auto_renew)
 
     def attempt(self, *, yield_to_queue: bool = False) -> Lease | None:
@@ -647,7 +652,7 @@ def reap_expired(
 
         deleted = locks.reap_expired(batch_size=1000)
     """
-    size = validation.check_batch_size(conf.REAP_BATCH_SIZE if batch_size is None else batch_size)
+    size = conf.REAP_BATCH_SIZE if batch_size is None else validation.check_batch_size(batch_size)
     budget = validation.timeout_seconds(time_budget)
     alias = _alias(using)
     deadline = None if budget is None else time.monotonic() + budget

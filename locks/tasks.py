@@ -53,9 +53,11 @@ def reap(
         report = reap(batch_size=500, time_budget=10)
         print(f"{report.deleted} rows in {report.batches} batches")
     """
-    size = validation.check_batch_size(conf.REAP_BATCH_SIZE if batch_size is None else batch_size)
-    budget = conf.REAP_TIME_BUDGET if time_budget is None else time_budget
-    budget = validation.timeout_seconds(budget)
+    # conf checks a setting as it reads it (its error names the setting); arguments here.
+    size = conf.REAP_BATCH_SIZE if batch_size is None else validation.check_batch_size(batch_size)
+    budget = (
+        conf.REAP_TIME_BUDGET if time_budget is None else validation.timeout_seconds(time_budget)
+    )
     alias = conf.DATABASE if using is None else validation.check_alias(using)
     started = time.monotonic()
     deadline = None if budget is None else started + budget

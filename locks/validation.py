@@ -12,6 +12,7 @@ MAX_NOTE_LENGTH = 255
 MIN_TTL = 0.001  # SQLite's clock ticks in milliseconds; a shorter lease would be expired at birth.
 MAX_TTL = 366 * 24 * 3600.0  # a lease longer than a year is a bug, not a lease
 MAX_TIMEOUT = 366 * 24 * 3600.0
+MAX_BATCH_SIZE = 1_000_000
 
 
 def _text(value: Any, what: str, max_length: int, *, allow_empty: bool = False) -> str:
@@ -137,9 +138,52 @@ def check_batch_size(batch_size: Any) -> int:
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int):
         raise TypeError(f"batch_size must be an int, not {batch_size!r}")
-    if not 1 <= batch_size <= 1_000_000:
-        raise ValueError(f"batch_size must be between 1 and 1000000, not {batch_size!r}")
+    if not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise ValueError(f"batch_size must be between 1 and {MAX_BATCH_SIZE}, not {batch_size!r}")
     return int(batch_size)
+
+
+def check_retries(retries: Any) -> int:
+    """Return a validated number of retries: an int, 0 or more.
+
+    Example::
+
+        check_retries(8)  # -> 8
+    """
+    if isinstance(retries, bool) or not isinstance(retries, int):
+        raise TypeError(f"retries must be an int, not {retries!r}")
+    if retries < 0:
+        raise ValueError(f"retries must not be negative: {retries!r}")
+    return int(retries)
+
+
+def pause_seconds(pause: Any) -> float:
+    """Return a validated pause between attempts: a positive, finite number of seconds.
+
+    Example::
+
+        pause_seconds(0.25)  # -> 0.25
+    """
+    seconds = _seconds(pause, "pause")
+    # Written so that NaN fails too.
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"pause must be a positive, finite number of seconds, not {pause!r}")
+    return seconds
+
+
+def check_fraction(fraction: Any) -> float:
+    """Return a validated fraction strictly between 0 and 1.
+
+    Example::
+
+        check_fraction(1 / 3)  # -> 0.333...
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        raise TypeError(f"fraction must be a number, not {fraction!r}")
+    # Written so that NaN fails too; an int is never strictly between 0 and 1.
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction must be between 0 and 1 (both excluded), not {fraction!r}")
+    return float(fraction)
 
 
 def check_alias(using: Any) -> str:

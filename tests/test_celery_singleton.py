@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from decimal import Decimal
@@ -233,6 +234,39 @@ def test_eager_run_takes_and_releases_the_lock(app: Celery) -> None:
     run = CeleryRun.objects.get(label="eager")
     assert (run.task_id, run.finished) == (result.id, True)
     assert not Lock.objects.exists()
+
+
+def test_eager_failing_run_propagates_without_a_publish_warning(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    app.conf.task_always_eager = True
+    app.conf.task_eager_propagates = True
+    fail = singleton(app, "tests.fail")
+    with (
+        caplog.at_level(logging.DEBUG, logger="locks"),
+        pytest.raises(RuntimeError, match="task eager-fail failed on purpose"),
+    ):
+        fail.delay("eager-fail")
+    assert CeleryRun.objects.get(label="eager-fail").finished is False
+    assert not Lock.objects.exists()
+    warnings = [r for r in caplog.records if r.name.startswith("locks") and r.levelno >= 30]
+    assert warnings == [], [r.getMessage() for r in warnings]
+
+
+def test_eager_call_refused_by_celerys_argument_check_releases_the_lock(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    app.conf.task_always_eager = True
+    # A callable key does not bind the arguments, so Celery's own check refuses them,
+    # after the lock was taken and before any run.
+    task = make_task(app, "t.eager-bad-arguments", lock_key=lambda *args, **kwargs: "eager:bad")
+    with (
+        caplog.at_level(logging.DEBUG, logger="locks"),
+        pytest.raises(TypeError),
+    ):
+        task.apply_async((1, 2, 3))
+    assert not Lock.objects.exists()
+    assert not [r for r in caplog.records if r.name.startswith("locks") and r.levelno >= 30]
 
 
 def test_key_travels_in_a_message_header_for_the_worker_and_retries(app: Celery) -> None:

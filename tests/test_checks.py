@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,7 +14,10 @@ from django.core.management.base import SystemCheckError
 from django.db import connections
 from django.test import override_settings
 
+import locks
 from locks import checks
+from locks.conf import DEFAULTS, VALID
+from locks.models import Lock
 
 
 def ids(messages: list[Any]) -> list[str]:
@@ -53,6 +58,105 @@ def test_e004_tri_state_settings_take_only_true_false_none() -> None:
 @override_settings(LOCKS={"NOTIFY": False, "PREPARED_STATEMENTS": None})
 def test_e004_accepts_booleans_and_none() -> None:
     assert checks.check_settings() == []
+
+
+NAN, INF = math.nan, math.inf
+#: Values no duration setting takes: bools are not numbers, text is not parsed.
+NOT_SECONDS = [True, False, NAN, -INF, -1, "60", None, [1]]
+BAD_VALUES: dict[str, list[Any]] = {
+    "DEFAULT_TTL": [*NOT_SECONDS, INF, 0, 0.0005, 10**9, 10**400],
+    "TASK_LOCK_TTL": [*NOT_SECONDS, INF, 0, 0.0005, 10**9, 10**400],
+    # None and inf mean "no limit" here.
+    "REAP_TIME_BUDGET": [True, False, NAN, -INF, -1, "30", [1], 10**9],
+    "BACKOFF_MIN": [*NOT_SECONDS, INF, 0, -0.0, 10**400],
+    "BACKOFF_MAX": [*NOT_SECONDS, INF, 0, -0.0, 10**400],
+    "TRANSIENT_RETRIES": [True, False, -1, 1.0, 2.5, NAN, INF, "8", None],
+    "REAP_BATCH_SIZE": [True, False, 0, -1, 1_000_001, 1000.0, NAN, INF, "1000", None],
+    "RENEW_FRACTION": [True, False, 0, 1, 0.0, 1.0, -0.5, 1.5, NAN, INF, -INF, "0.3", None],
+}
+GOOD_VALUES: dict[str, list[Any]] = {
+    "DEFAULT_TTL": [0.001, 60, 366 * 24 * 3600, timedelta(minutes=1)],
+    "TASK_LOCK_TTL": [0.001, 3600, timedelta(hours=2)],
+    "REAP_TIME_BUDGET": [None, INF, 0, 30, timedelta(seconds=5)],
+    "BACKOFF_MIN": [1e-6, 0.25],
+    "BACKOFF_MAX": [0.002, 60],
+    "TRANSIENT_RETRIES": [0, 100],
+    "REAP_BATCH_SIZE": [1, 1_000_000],
+    "RENEW_FRACTION": [0.001, 0.5, 0.999],
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [(key, value) for key, values in BAD_VALUES.items() for value in values],
+    ids=lambda value: repr(value)[:20],
+)
+def test_e005_names_each_bad_setting_and_its_valid_range(key: str, value: Any) -> None:
+    with override_settings(LOCKS={key: value}):
+        messages = checks.check_settings()
+    assert ids(messages) == ["locks.E005"]
+    assert f"LOCKS[{key!r}]" in messages[0].msg
+    assert messages[0].hint == f"Use {VALID[key]}."
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [(key, value) for key, values in GOOD_VALUES.items() for value in values],
+    ids=lambda value: repr(value)[:20],
+)
+def test_e005_accepts_values_in_range(key: str, value: Any) -> None:
+    with override_settings(LOCKS={key: value}):
+        assert checks.check_settings() == []
+
+
+def test_e005_checks_every_numeric_setting_and_passes_the_defaults() -> None:
+    assert set(VALID) == set(BAD_VALUES) == set(GOOD_VALUES)
+    assert set(VALID) <= set(DEFAULTS)
+    with override_settings(LOCKS={key: DEFAULTS[key] for key in VALID}):
+        assert checks.check_settings() == []
+
+
+@override_settings(LOCKS={"BACKOFF_MIN": 0.5, "BACKOFF_MAX": 0.25})
+def test_e005_backoff_min_must_not_exceed_backoff_max() -> None:
+    messages = checks.check_settings()
+    assert ids(messages) == ["locks.E005"]
+    assert "LOCKS['BACKOFF_MIN'] (0.5 s) must not exceed LOCKS['BACKOFF_MAX']" in messages[0].msg
+
+
+@override_settings(LOCKS={"BACKOFF_MIN": 0.5, "BACKOFF_MAX": 0.25, "RENEW_FRACTION": 1})
+def test_e005_reports_every_bad_value_at_once() -> None:
+    messages = checks.check_settings()
+    assert ids(messages) == ["locks.E005", "locks.E005"]
+    assert "RENEW_FRACTION" in messages[0].msg and "BACKOFF_MAX" in messages[1].msg
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("settings", "call", "error", "message"),
+    [
+        ({"DEFAULT_TTL": 0}, lambda: locks.try_acquire("e005"), ValueError, "DEFAULT_TTL"),
+        ({"DEFAULT_TTL": True}, lambda: locks.try_acquire("e005"), TypeError, "DEFAULT_TTL"),
+        (
+            {"RENEW_FRACTION": 1.5},
+            lambda: locks.try_acquire("e005", ttl=5, auto_renew=True),
+            ValueError,
+            "RENEW_FRACTION",
+        ),
+        ({"REAP_BATCH_SIZE": 0}, lambda: locks.reap_expired(), ValueError, "REAP_BATCH_SIZE"),
+    ],
+)
+def test_a_bad_setting_fails_at_use_naming_the_setting_and_touches_nothing(
+    settings: dict[str, Any], call: Any, error: type[Exception], message: str
+) -> None:
+    with override_settings(LOCKS=settings), pytest.raises(error, match=rf"LOCKS\['{message}'\]"):
+        call()
+    assert not Lock.objects.exists()
+
+
+@override_settings(LOCKS={"RENEW_FRACTION": 1})
+def test_manage_py_check_reports_e005() -> None:
+    with pytest.raises(SystemCheckError, match=r"locks\.E005"):
+        call_command("check")
 
 
 @override_settings(USE_TZ=False)

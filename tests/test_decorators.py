@@ -13,13 +13,17 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from django.test import RequestFactory
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
+from django.db import connections
+from django.test import AsyncClient, RequestFactory
 from django.utils.decorators import method_decorator
 from django.views import View
 from hypothesis import given
 from hypothesis import strategies as st
 
 import locks
+from locks.aio import run_sync
 from locks.decorators import LockViewMixin, lock_key, lock_view
 from locks.keys import encode_value, fit_name
 from locks.models import Lock
@@ -247,6 +251,38 @@ def test_callable_and_request_keys(live_server: Any, held: Any) -> None:
     assert (status, json.loads(body)["name"]) == (200, "user:None/s%2D1")  # anonymous user
     held("callable:ABC")
     assert http(f"{live_server.url}/locking/callable/abc/")[0] == 423
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["auser", "cbv/auser"], ids=["decorator", "mixin"])
+def test_async_view_keyed_on_the_logged_in_user_builds_its_key_off_the_event_loop(
+    path: str,
+) -> None:
+    # request.user is lazy: the key loads the session and the user from the database,
+    # which Django refuses to do on the event loop (SynchronousOnlyOperation).
+    user = User.objects.create_user("ada", password="pw")
+    name = f"user:{user.pk}/report"
+
+    async def main() -> tuple[tuple[int, str], int]:
+        client = AsyncClient()
+        try:
+            await client.aforce_login(user)
+            free = await client.get(f"/locking/{path}/report/")
+            other = await run_sync(locks.acquire, name, ttl=30, timeout=0, holder=OTHER)
+            try:
+                busy = await client.get(f"/locking/{path}/report/")
+            finally:
+                await other.arelease()
+        finally:
+            # Sessions and users were loaded in asgiref's worker thread, on its own Django
+            # connection: left open, it keeps the server from dropping the test database.
+            await sync_to_async(connections.close_all)()
+        return (free.status_code, json.loads(free.content)["name"]), busy.status_code
+
+    free, busy = asyncio.run(main())
+    assert free == (200, name), "the lease inside the view carries the user's pk"
+    assert busy == 423, "a request while the user's lock is held elsewhere is refused"
+    assert not locks.is_locked(name)
 
 
 @pytest.mark.django_db(transaction=True)

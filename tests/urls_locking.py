@@ -11,6 +11,7 @@ urlpatterns = [
     path("ping/", views.ping),
     path("key/<path:value>/", views.key),
     path("user/<slug:slug>/", views.per_user),
+    path("auser/<slug:slug>/", views.aper_user),
     path("callable/<str:name>/", views.by_callable),
     path("boom/<str:name>/", views.boom),
     path("aboom/<str:name>/", views.aboom),
@@ -23,4 +24,5 @@ urlpatterns = [
     path("cbv/amixin/<int:pk>/", views.AsyncMixinView.as_view()),
     path("cbv/decorated/<int:pk>/", views.DecoratedView.as_view()),
     path("cbv/adecorated/<int:pk>/", views.AsyncDecoratedView.as_view()),
+    path("cbv/auser/<slug:slug>/", views.AsyncUserMixinView.as_view()),
 ]

@@ -84,6 +84,12 @@ def per_user(request: HttpRequest, slug: str) -> HttpResponse:
     return _lease_json(request)
 
 
+@lock_view("user:{request.user.pk}/{slug}", ttl=30)
+async def aper_user(request: HttpRequest, slug: str) -> HttpResponse:
+    """Keyed on the logged-in user: reading request.user loads it from the database."""
+    return _lease_json(request)
+
+
 @lock_view(lambda request, name: f"callable:{name.upper()}", ttl=30)
 def by_callable(request: HttpRequest, name: str) -> HttpResponse:
     return _lease_json(request)
@@ -151,6 +157,14 @@ class AsyncMixinView(LockViewMixin, View):
     lock_ttl = 30
 
     async def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return _lease_json(request)
+
+
+class AsyncUserMixinView(LockViewMixin, View):
+    lock_key = "user:{request.user.pk}/{slug}"
+    lock_ttl = 30
+
+    async def get(self, request: HttpRequest, slug: str) -> HttpResponse:
         return _lease_json(request)
 
 
