@@ -86,6 +86,38 @@ def test_update_fields_also_checks_and_writes_the_version() -> None:
     assert stored(note.pk) == ("t", "b", 2)
 
 
+@pytest.mark.parametrize("update_fields", [None, ["body"]], ids=["save", "update_fields"])
+@pytest.mark.parametrize(
+    "load", [("only", "body"), ("defer", "version")], ids=["only_body", "defer_version"]
+)
+def test_saving_a_copy_loaded_without_its_version_is_refused_before_any_query(
+    load: tuple[str, str], update_fields: list[str] | None
+) -> None:
+    note = VersionedNote.objects.create(title="t")
+    method, field = load
+    copy = getattr(VersionedNote.objects, method)(field).get(pk=note.pk)
+    VersionedNote.objects.filter(pk=note.pk).update(body="theirs")  # someone else saves
+    copy.body = "mine"
+    refused = pytest.raises(ValueError, match=r"loaded without its version.*only\(")
+    with CaptureQueriesContext(connection) as queries, refused:
+        copy.save(update_fields=update_fields)
+    assert queries.captured_queries == []  # not even the deferred version was fetched
+    assert stored(note.pk) == ("t", "theirs", 2)
+
+
+def test_a_copy_loaded_with_only_some_fields_and_its_version_is_checked() -> None:
+    note = VersionedNote.objects.create(title="t")
+    stale = VersionedNote.objects.only("body", "version").get(pk=note.pk)
+    fresh = VersionedNote.objects.only("body", "version").get(pk=note.pk)
+    fresh.body = "first"
+    fresh.save()
+    assert (fresh.version, stored(note.pk)) == (2, ("t", "first", 2))
+    stale.body = "second"
+    with pytest.raises(locks.ConcurrentUpdate, match=r"based on version 1.*at version 2"):
+        stale.save(update_fields=["body"])
+    assert stored(note.pk) == ("t", "first", 2)
+
+
 def test_a_bulk_update_increments_the_version_so_older_copies_are_refused() -> None:
     note = VersionedNote.objects.create(title="t")
     assert VersionedNote.objects.filter(pk=note.pk).update(title="bulk") == 1
