@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import locks
 from locks.forms import STALE_VERSION, VersionedModelForm
 from tests.app.models import VersionedNote
 from tests.remote import Remote, remotes
+from tests.urls_versioning import FieldsetsNoteAdmin, FieldsNoteAdmin
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -257,3 +259,93 @@ def test_the_admin_reports_a_save_that_loses_the_race_after_validation(
     page = admin_client.get(response["Location"]).content.decode()
     assert "Not saved" in page and "changed by someone else" in page
     assert stored(note.pk)[0] == "t", "the admin's edit must not be written"
+
+
+class ChangeFormData(HTMLParser):
+    """The values a browser would post from the admin change form of a page."""
+
+    def __init__(self, form_id: str) -> None:
+        super().__init__()
+        self.form_id = form_id
+        self.data: dict[str, str] = {}
+        self._in_form = False
+        self._textarea: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attr = {key: value or "" for key, value in attrs}
+        if tag == "form":
+            self._in_form = attr.get("id") == self.form_id
+        elif self._in_form and tag == "input" and attr.get("type") != "submit":
+            self.data[attr["name"]] = attr.get("value", "")
+        elif self._in_form and tag == "textarea":
+            self._textarea = attr["name"]
+            self.data[self._textarea] = ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._in_form = False
+        elif tag == "textarea":
+            self._textarea = None
+
+    def handle_data(self, data: str) -> None:
+        if self._textarea is not None:
+            self.data[self._textarea] += data
+
+
+def rendered_change_form(client: Client, url: str) -> dict[str, str]:
+    parser = ChangeFormData("versionednote_form")
+    parser.feed(client.get(url).content.decode())
+    return parser.data
+
+
+# Admins whose fields or fieldsets do not list the version.
+PARTIAL_ADMIN_SITES = ["versioning_fields_admin", "versioning_fieldsets_admin"]
+
+
+@pytest.mark.urls("tests.urls_versioning")
+@pytest.mark.parametrize("site", PARTIAL_ADMIN_SITES)
+def test_an_admin_with_fields_or_fieldsets_sends_the_version_and_saves(
+    admin_client: Client, site: str
+) -> None:
+    note = VersionedNote.objects.create(title="t", body="b")
+    url = reverse(f"{site}:testapp_versionednote_change", args=[note.pk])
+    page = admin_client.get(url).content.decode()
+    assert page.count('name="version"') == 1
+    assert 'type="hidden" name="version" value="1"' in page
+    data = rendered_change_form(admin_client, url)
+    assert data["version"] == "1"
+    response = admin_client.post(url, {**data, "title": "mine", "_save": "Save"})
+    assert response.status_code == 302, response.content.decode()
+    assert stored(note.pk) == ("mine", "b", 2)
+    # The version is added to a copy: the admin classes' own settings stay as declared.
+    assert FieldsNoteAdmin.fields == ["title"]
+    assert [options["fields"] for _, options in FieldsetsNoteAdmin.fieldsets] == [
+        [("title",)],
+        ["body"],
+    ]
+
+
+@pytest.mark.urls("tests.urls_versioning")
+@pytest.mark.parametrize("site", PARTIAL_ADMIN_SITES)
+def test_an_admin_with_fields_or_fieldsets_refuses_a_change_form_based_on_an_old_version(
+    admin_client: Client, site: str
+) -> None:
+    note = VersionedNote.objects.create(title="t", body="b")
+    url = reverse(f"{site}:testapp_versionednote_change", args=[note.pk])
+    data = rendered_change_form(admin_client, url)
+    VersionedNote.objects.filter(pk=note.pk).update(body="theirs")  # someone else saves
+    response = admin_client.post(url, {**data, "title": "mine", "_save": "Save"})
+    assert response.status_code == 200
+    assert "changed by someone else" in response.content.decode()
+    assert stored(note.pk) == ("t", "theirs", 2)
+
+
+@pytest.mark.urls("tests.urls_versioning")
+@pytest.mark.parametrize("site", PARTIAL_ADMIN_SITES)
+def test_an_admin_with_fields_or_fieldsets_adds_a_row(admin_client: Client, site: str) -> None:
+    url = reverse(f"{site}:testapp_versionednote_add")
+    data = rendered_change_form(admin_client, url)
+    assert data["version"] == "1"
+    response = admin_client.post(url, {**data, "title": "new", "_save": "Save"})
+    assert response.status_code == 302, response.content.decode()
+    assert [(note.title, note.version) for note in VersionedNote.objects.all()] == [("new", 1)]
