@@ -57,6 +57,9 @@ class VersionedQuerySet(models.QuerySet[_V]):
     def update(self, **kwargs: Any) -> int:
         """Update the rows and increment their ``version`` (unless ``version`` is given).
 
+        The version is not checked: the rows are overwritten whatever their version
+        (``bulk_update()`` included, whose objects keep their old version in memory).
+
         Example::
 
             Document.objects.filter(state="draft").update(state="review")

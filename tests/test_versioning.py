@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models.signals import pre_save
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -81,6 +81,21 @@ def test_saving_a_row_deleted_meanwhile_is_refused_and_does_not_bring_it_back() 
     assert not VersionedNote.objects.exists()
 
 
+def test_a_new_object_with_a_taken_pk_overwrites_a_row_at_version_1_unless_inserted() -> None:
+    note = VersionedNote.objects.create(title="t")
+    VersionedNote(pk=note.pk, title="new").save()  # Django's UPDATE first: row 1 matches
+    assert stored(note.pk) == ("new", "", 2)
+    with pytest.raises(locks.ConcurrentUpdate, match=r"based on version 1.*at version 2"):
+        VersionedNote(pk=note.pk, title="newer").save()
+    for insert in (
+        lambda: VersionedNote.objects.create(pk=note.pk, title="created"),
+        lambda: VersionedNote(pk=note.pk, title="forced").save(force_insert=True),
+    ):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            insert()
+    assert stored(note.pk) == ("new", "", 2)
+
+
 def test_update_fields_also_checks_and_writes_the_version() -> None:
     note = VersionedNote.objects.create(title="t")
     note.body = "b"
@@ -132,6 +147,18 @@ def test_a_bulk_update_increments_the_version_so_older_copies_are_refused() -> N
     copy.body = "bulk_update"
     VersionedNote.objects.bulk_update([copy], ["body"])
     assert stored(note.pk) == ("bulk", "bulk_update", 3)
+
+
+def test_bulk_update_does_not_check_the_version_and_leaves_the_objects_at_their_old_one() -> None:
+    note = VersionedNote.objects.create(title="t")
+    stale = VersionedNote.objects.get(pk=note.pk)
+    VersionedNote.objects.filter(pk=note.pk).update(body="theirs")  # now version 2
+    stale.title = "bulk"
+    VersionedNote.objects.bulk_update([stale], ["title"])  # written over version 2
+    assert stored(note.pk) == ("bulk", "theirs", 3)
+    assert stale.version == 1  # still the old one in memory: reload before saving again
+    with pytest.raises(locks.ConcurrentUpdate):
+        stale.save()
 
 
 def test_two_processes_saving_the_same_row_lose_no_update(start: Callable[..., Remote]) -> None:
