@@ -57,6 +57,9 @@ class VersionedQuerySet(models.QuerySet[_V]):
     def update(self, **kwargs: Any) -> int:
         """Update the rows and increment their ``version`` (unless ``version`` is given).
 
+        The version is not checked: the rows are overwritten whatever their version
+        (``bulk_update()`` included, whose objects keep their old version in memory).
+
         Example::
 
             Document.objects.filter(state="draft").update(state="review")
@@ -96,10 +99,21 @@ class VersionedModel(models.Model):
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Save, incrementing ``version``; ``ConcurrentUpdate`` if the row changed meanwhile.
 
+        Raises ``ValueError`` (before any query) for a copy loaded without its version,
+        e.g. by ``only("body")`` or ``defer("version")``: reading the deferred version
+        would fetch the row's current one, so the check could never fail.
+
         Example::
 
             doc.save(update_fields=["body"])  # the version is checked and written as well
         """
+        if not self._state.adding and VERSION in self.get_deferred_fields():
+            raise ValueError(
+                f"{self._meta.label} pk={self.pk!r} was loaded without its version "
+                "(only() or defer()), so saving it cannot tell whether someone else "
+                "changed the row since; nothing was written. Load the version with the "
+                f'copy, e.g. {self._meta.object_name}.objects.only("...", "version").'
+            )
         update_fields: Iterable[str] | None = kwargs.get("update_fields")
         if update_fields is not None:
             kwargs["update_fields"] = {*update_fields, VERSION}
@@ -114,14 +128,16 @@ class VersionedModel(models.Model):
         update_fields: Iterable[str] | None,
         forced_update: bool,
     ) -> bool:
-        if not any(field.attname == VERSION for field, _, _ in values):
+        version_field = cast("Field[Any, Any]", self._meta.get_field(VERSION))
+        if base_qs.model._meta.concrete_model is not version_field.model._meta.concrete_model:
             # Another table of a multi-table inheritance chain: the version is not there.
+            # Decided by the table, not by the values: a save that leaves the version
+            # out of its values must still be checked, never silently unconditional.
             return super()._do_update(base_qs, using, pk_val, values, update_fields, forced_update)
         expected = self.version
-        bumped = [
-            (field, model, expected + 1 if field.attname == VERSION else value)
-            for field, model, value in values
-        ]
+        # Whatever version the values carry, the row gets the one this check expects + 1.
+        bumped = [value for value in values if value[0].attname != VERSION]
+        bumped.append((version_field, None, expected + 1))
         row = base_qs.filter(pk=pk_val)
         if cast(Any, row.filter(version=expected))._update(bumped) > 0:
             self.version = expected + 1

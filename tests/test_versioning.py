@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models.signals import pre_save
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -16,6 +17,7 @@ import locks
 from locks.forms import STALE_VERSION, VersionedModelForm
 from tests.app.models import VersionedNote
 from tests.remote import Remote, remotes
+from tests.urls_versioning import FieldsetsNoteAdmin, FieldsNoteAdmin
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,11 +81,58 @@ def test_saving_a_row_deleted_meanwhile_is_refused_and_does_not_bring_it_back() 
     assert not VersionedNote.objects.exists()
 
 
+def test_a_new_object_with_a_taken_pk_overwrites_a_row_at_version_1_unless_inserted() -> None:
+    note = VersionedNote.objects.create(title="t")
+    VersionedNote(pk=note.pk, title="new").save()  # Django's UPDATE first: row 1 matches
+    assert stored(note.pk) == ("new", "", 2)
+    with pytest.raises(locks.ConcurrentUpdate, match=r"based on version 1.*at version 2"):
+        VersionedNote(pk=note.pk, title="newer").save()
+    for insert in (
+        lambda: VersionedNote.objects.create(pk=note.pk, title="created"),
+        lambda: VersionedNote(pk=note.pk, title="forced").save(force_insert=True),
+    ):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            insert()
+    assert stored(note.pk) == ("new", "", 2)
+
+
 def test_update_fields_also_checks_and_writes_the_version() -> None:
     note = VersionedNote.objects.create(title="t")
     note.body = "b"
     note.save(update_fields=["body"])
     assert stored(note.pk) == ("t", "b", 2)
+
+
+@pytest.mark.parametrize("update_fields", [None, ["body"]], ids=["save", "update_fields"])
+@pytest.mark.parametrize(
+    "load", [("only", "body"), ("defer", "version")], ids=["only_body", "defer_version"]
+)
+def test_saving_a_copy_loaded_without_its_version_is_refused_before_any_query(
+    load: tuple[str, str], update_fields: list[str] | None
+) -> None:
+    note = VersionedNote.objects.create(title="t")
+    method, field = load
+    copy = getattr(VersionedNote.objects, method)(field).get(pk=note.pk)
+    VersionedNote.objects.filter(pk=note.pk).update(body="theirs")  # someone else saves
+    copy.body = "mine"
+    refused = pytest.raises(ValueError, match=r"loaded without its version.*only\(")
+    with CaptureQueriesContext(connection) as queries, refused:
+        copy.save(update_fields=update_fields)
+    assert queries.captured_queries == []  # not even the deferred version was fetched
+    assert stored(note.pk) == ("t", "theirs", 2)
+
+
+def test_a_copy_loaded_with_only_some_fields_and_its_version_is_checked() -> None:
+    note = VersionedNote.objects.create(title="t")
+    stale = VersionedNote.objects.only("body", "version").get(pk=note.pk)
+    fresh = VersionedNote.objects.only("body", "version").get(pk=note.pk)
+    fresh.body = "first"
+    fresh.save()
+    assert (fresh.version, stored(note.pk)) == (2, ("t", "first", 2))
+    stale.body = "second"
+    with pytest.raises(locks.ConcurrentUpdate, match=r"based on version 1.*at version 2"):
+        stale.save(update_fields=["body"])
+    assert stored(note.pk) == ("t", "first", 2)
 
 
 def test_a_bulk_update_increments_the_version_so_older_copies_are_refused() -> None:
@@ -98,6 +147,18 @@ def test_a_bulk_update_increments_the_version_so_older_copies_are_refused() -> N
     copy.body = "bulk_update"
     VersionedNote.objects.bulk_update([copy], ["body"])
     assert stored(note.pk) == ("bulk", "bulk_update", 3)
+
+
+def test_bulk_update_does_not_check_the_version_and_leaves_the_objects_at_their_old_one() -> None:
+    note = VersionedNote.objects.create(title="t")
+    stale = VersionedNote.objects.get(pk=note.pk)
+    VersionedNote.objects.filter(pk=note.pk).update(body="theirs")  # now version 2
+    stale.title = "bulk"
+    VersionedNote.objects.bulk_update([stale], ["title"])  # written over version 2
+    assert stored(note.pk) == ("bulk", "theirs", 3)
+    assert stale.version == 1  # still the old one in memory: reload before saving again
+    with pytest.raises(locks.ConcurrentUpdate):
+        stale.save()
 
 
 def test_two_processes_saving_the_same_row_lose_no_update(start: Callable[..., Remote]) -> None:
@@ -225,3 +286,93 @@ def test_the_admin_reports_a_save_that_loses_the_race_after_validation(
     page = admin_client.get(response["Location"]).content.decode()
     assert "Not saved" in page and "changed by someone else" in page
     assert stored(note.pk)[0] == "t", "the admin's edit must not be written"
+
+
+class ChangeFormData(HTMLParser):
+    """The values a browser would post from the admin change form of a page."""
+
+    def __init__(self, form_id: str) -> None:
+        super().__init__()
+        self.form_id = form_id
+        self.data: dict[str, str] = {}
+        self._in_form = False
+        self._textarea: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attr = {key: value or "" for key, value in attrs}
+        if tag == "form":
+            self._in_form = attr.get("id") == self.form_id
+        elif self._in_form and tag == "input" and attr.get("type") != "submit":
+            self.data[attr["name"]] = attr.get("value", "")
+        elif self._in_form and tag == "textarea":
+            self._textarea = attr["name"]
+            self.data[self._textarea] = ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._in_form = False
+        elif tag == "textarea":
+            self._textarea = None
+
+    def handle_data(self, data: str) -> None:
+        if self._textarea is not None:
+            self.data[self._textarea] += data
+
+
+def rendered_change_form(client: Client, url: str) -> dict[str, str]:
+    parser = ChangeFormData("versionednote_form")
+    parser.feed(client.get(url).content.decode())
+    return parser.data
+
+
+# Admins whose fields or fieldsets do not list the version.
+PARTIAL_ADMIN_SITES = ["versioning_fields_admin", "versioning_fieldsets_admin"]
+
+
+@pytest.mark.urls("tests.urls_versioning")
+@pytest.mark.parametrize("site", PARTIAL_ADMIN_SITES)
+def test_an_admin_with_fields_or_fieldsets_sends_the_version_and_saves(
+    admin_client: Client, site: str
+) -> None:
+    note = VersionedNote.objects.create(title="t", body="b")
+    url = reverse(f"{site}:testapp_versionednote_change", args=[note.pk])
+    page = admin_client.get(url).content.decode()
+    assert page.count('name="version"') == 1
+    assert 'type="hidden" name="version" value="1"' in page
+    data = rendered_change_form(admin_client, url)
+    assert data["version"] == "1"
+    response = admin_client.post(url, {**data, "title": "mine", "_save": "Save"})
+    assert response.status_code == 302, response.content.decode()
+    assert stored(note.pk) == ("mine", "b", 2)
+    # The version is added to a copy: the admin classes' own settings stay as declared.
+    assert FieldsNoteAdmin.fields == ["title"]
+    assert [options["fields"] for _, options in FieldsetsNoteAdmin.fieldsets] == [
+        [("title",)],
+        ["body"],
+    ]
+
+
+@pytest.mark.urls("tests.urls_versioning")
+@pytest.mark.parametrize("site", PARTIAL_ADMIN_SITES)
+def test_an_admin_with_fields_or_fieldsets_refuses_a_change_form_based_on_an_old_version(
+    admin_client: Client, site: str
+) -> None:
+    note = VersionedNote.objects.create(title="t", body="b")
+    url = reverse(f"{site}:testapp_versionednote_change", args=[note.pk])
+    data = rendered_change_form(admin_client, url)
+    VersionedNote.objects.filter(pk=note.pk).update(body="theirs")  # someone else saves
+    response = admin_client.post(url, {**data, "title": "mine", "_save": "Save"})
+    assert response.status_code == 200
+    assert "changed by someone else" in response.content.decode()
+    assert stored(note.pk) == ("t", "theirs", 2)
+
+
+@pytest.mark.urls("tests.urls_versioning")
+@pytest.mark.parametrize("site", PARTIAL_ADMIN_SITES)
+def test_an_admin_with_fields_or_fieldsets_adds_a_row(admin_client: Client, site: str) -> None:
+    url = reverse(f"{site}:testapp_versionednote_add")
+    data = rendered_change_form(admin_client, url)
+    assert data["version"] == "1"
+    response = admin_client.post(url, {**data, "title": "new", "_save": "Save"})
+    assert response.status_code == 302, response.content.decode()
+    assert [(note.title, note.version) for note in VersionedNote.objects.all()] == [("new", 1)]
