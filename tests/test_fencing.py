@@ -91,6 +91,23 @@ def test_a_fenced_save_with_update_fields_writes_the_fence_too() -> None:
     assert stored(record.pk) == ("b", 3)
 
 
+@pytest.mark.parametrize("deferred", [("data",), ("key",)], ids=["only-data", "only-key"])
+def test_a_copy_loaded_without_its_fence_is_still_fenced(deferred: tuple[str, ...]) -> None:
+    # only() defers the fence; Django then saves just the loaded fields, and the fence
+    # given to save() must be among them and checked.
+    record = FencedRecord.objects.create(key="k", data="a")
+    FencedRecord.objects.get(pk=record.pk).save(fence=7)
+    stale = FencedRecord.objects.only(*deferred).get(pk=record.pk)
+    stale.data = "stale"
+    with pytest.raises(locks.StaleToken):
+        stale.save(fence=5)
+    assert stored(record.pk) == ("a", 7)
+    fresh = FencedRecord.objects.only(*deferred).get(pk=record.pk)
+    fresh.data = "fresh"
+    fresh.save(fence=8)
+    assert stored(record.pk) == ("fresh", 8)
+
+
 @pytest.mark.parametrize(
     ("fence", "error"),
     [("5", TypeError), (True, TypeError), (1.5, TypeError), (0, ValueError), (-1, ValueError)],
