@@ -103,11 +103,14 @@ class FencedModel(models.Model):
 
             obj.save(fence=lease.token)
         """
-        if fence is None:
+        token = None if fence is None else validation.check_token(fence)
+        update_fields: Iterable[str] | None = kwargs.get("update_fields")
+        if update_fields is not None:
+            update_fields = kwargs["update_fields"] = set(update_fields)
+        if token is None or update_fields == set():
+            # Unfenced; or an empty update_fields, which saves nothing in Django.
             super().save(*args, **kwargs)
             return
-        token = validation.check_token(fence)
-        update_fields: Iterable[str] | None = kwargs.get("update_fields")
         if update_fields is not None:
             kwargs["update_fields"] = {*update_fields, FENCE}
         previous = self.fence

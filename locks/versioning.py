@@ -116,7 +116,9 @@ class VersionedModel(models.Model):
             )
         update_fields: Iterable[str] | None = kwargs.get("update_fields")
         if update_fields is not None:
-            kwargs["update_fields"] = {*update_fields, VERSION}
+            update_fields = set(update_fields)
+            # An empty update_fields saves nothing in Django: no version bump either.
+            kwargs["update_fields"] = {*update_fields, VERSION} if update_fields else set()
         super().save(*args, **kwargs)
 
     def _do_update(

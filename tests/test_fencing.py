@@ -91,6 +91,15 @@ def test_a_fenced_save_with_update_fields_writes_the_fence_too() -> None:
     assert stored(record.pk) == ("b", 3)
 
 
+def test_a_fenced_save_with_empty_update_fields_saves_nothing_as_in_django() -> None:
+    record = FencedRecord.objects.create(key="k", data="a")
+    record.data = "b"
+    with CaptureQueriesContext(connection) as queries:
+        record.save(fence=3, update_fields=[])
+    assert len(queries) == 0
+    assert stored(record.pk) == ("a", 0)
+
+
 @pytest.mark.parametrize("deferred", [("data",), ("key",)], ids=["only-data", "only-key"])
 def test_a_copy_loaded_without_its_fence_is_still_fenced(deferred: tuple[str, ...]) -> None:
     # only() defers the fence; Django then saves just the loaded fields, and the fence

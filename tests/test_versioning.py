@@ -96,6 +96,16 @@ def test_a_new_object_with_a_taken_pk_overwrites_a_row_at_version_1_unless_inser
     assert stored(note.pk) == ("new", "", 2)
 
 
+def test_empty_update_fields_saves_nothing_and_keeps_the_version_as_in_django() -> None:
+    note = VersionedNote.objects.create(title="t", body="a")
+    note.body = "b"
+    with CaptureQueriesContext(connection) as queries:
+        note.save(update_fields=[])
+    assert len(queries) == 0
+    assert note.version == 1
+    assert VersionedNote.objects.values_list("body", "version").get() == ("a", 1)
+
+
 def test_update_fields_also_checks_and_writes_the_version() -> None:
     note = VersionedNote.objects.create(title="t")
     note.body = "b"
