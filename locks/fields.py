@@ -13,8 +13,15 @@ if TYPE_CHECKING:
 class LockNameField(models.CharField):  # type: ignore[type-arg]
     """A ``CharField`` compared byte for byte on every database.
 
-    MySQL/MariaDB compare text case- and trailing-space-insensitively by default
-    ("Lock" = "lock " there); lock names must be exact everywhere.
+    For text that identifies something and must match exactly: lock names, and the
+    holders that the lock statements compare. MySQL/MariaDB compare text case-, accent-
+    and trailing-space-insensitively by default ("Lock" = "lock " there), which would let
+    holder "alice" re-enter, renew or release the lock of holder "Alice". On MySQL/MariaDB
+    the column is ``varchar(255)`` whatever ``max_length`` says.
+
+    Example::
+
+        holder = LockNameField(max_length=255)
     """
 
     def db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:

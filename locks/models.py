@@ -64,7 +64,8 @@ class Lock(models.Model):
     """
 
     name = LockNameField(max_length=255, primary_key=True)
-    holder = models.CharField(max_length=255)
+    # Exact like ``name``: the lock statements compare holders to decide who owns the row.
+    holder = LockNameField(max_length=255)
     count = models.PositiveIntegerField(default=1, help_text="re-entries by the holder")
     token = models.BigIntegerField(help_text="fencing token of the current holding")
     acquired_at = models.DateTimeField()

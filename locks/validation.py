@@ -47,6 +47,10 @@ def check_name(name: Any) -> str:
 def check_holder(holder: Any) -> str:
     """Return ``holder`` if it is a usable holder identity.
 
+    Holders are compared exactly on every database, like names: "Alice", "alice" and
+    "Alice " are three different holders, which neither re-enter nor release each
+    other's leases.
+
     Example::
 
         check_holder("celery-task-1234")

@@ -372,6 +372,64 @@ def test_names_are_exact_case_and_trailing_space_sensitive() -> None:
     assert sorted(Lock.objects.values_list("name", flat=True)) == sorted(names)
 
 
+# Variants that MariaDB's default collations (utf8mb4_unicode_ci here) count as equal.
+HOLDER_VARIANTS = ["alice", "ALICE", "Alice ", "Alíce"]
+
+
+def test_holders_are_exact_so_a_lookalike_neither_reenters_nor_extends() -> None:
+    alice = locks.acquire("orders:1", ttl=30, holder="Alice")
+    before = row("orders:1")
+    for holder in HOLDER_VARIANTS:
+        assert locks.try_acquire("orders:1", ttl=300, holder=holder) is None, holder
+    with pytest.raises(locks.LockBusy, match="orders:1"):
+        locks.acquire("orders:1", ttl=300, holder="alice", timeout=0.2)
+    after = row("orders:1")
+    assert before is not None and after is not None
+    assert (after.holder, after.token, after.count, after.expires_at) == (
+        "Alice",
+        alice.token,
+        1,
+        before.expires_at,
+    )
+    alice.release()
+    assert row("orders:1") is None
+    assert not locks.is_locked("orders:1")
+
+
+def lookalike(lease: locks.Lease, holder: str) -> locks.Lease:
+    """``lease`` rebuilt (its constructor is public) with another holder and the same token."""
+    return locks.Lease(
+        name=lease.name,
+        holder=holder,
+        token=lease.token,
+        count=lease.count,
+        acquired_at=lease.acquired_at,
+        expires_at=lease.expires_at,
+        ttl=300,
+        using=lease.using,
+        note=lease.note,
+        local_deadline=time.monotonic() + 300,
+    )
+
+
+def test_a_lookalike_holder_cannot_renew_or_release_a_lease_with_its_token() -> None:
+    alice = locks.acquire("orders:1", ttl=30, holder="Alice")
+    before = row("orders:1")
+    assert before is not None
+    for holder in HOLDER_VARIANTS:
+        with pytest.raises(locks.LockLost, match="orders:1"):
+            lookalike(alice, holder).renew()
+        with pytest.raises(locks.LockLost, match="orders:1"):
+            lookalike(alice, holder).release()
+        with pytest.raises(locks.LockLost, match="orders:1"):
+            lookalike(alice, holder).release(entirely=True)
+        after = row("orders:1")
+        assert after is not None, holder
+        assert (after.holder, after.count, after.expires_at) == ("Alice", 1, before.expires_at)
+    alice.release()
+    assert row("orders:1") is None
+
+
 def test_unicode_and_maximum_length_names_round_trip() -> None:
     for name in ["заказ:42/🚀", "x" * 255, "a:b/c%d"]:
         with locks.lock(name) as lease:

@@ -218,7 +218,7 @@ class Backend:
         return cursor.cursor
 
     def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
-        """Column type/collation that makes lock names exact (case- and space-sensitive)."""
+        """Column type/collation that makes names and holders exact (case- and space-sensitive)."""
         return {}
 
     def create_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
