@@ -35,8 +35,15 @@ class _Closer:
 
     def __init__(self, wrappers: dict[str, BaseDatabaseWrapper]) -> None:
         self.wrappers = wrappers
+        self.pid = os.getpid()
 
     def __del__(self) -> None:
+        if os.getpid() != self.pid:
+            # A forked child drops the parent's other threads, and with them this: their
+            # sockets are the parent's sessions, which closing (or freeing, for some
+            # drivers) would end. Park them with the rest of the inheritance.
+            _inherited.append(self.wrappers)
+            return
         for wrapper in self.wrappers.values():
             raw = wrapper.connection
             wrapper.connection = None

@@ -318,7 +318,16 @@ def test_a_decorated_function_excludes_its_own_calls_in_forked_children() -> Non
         inside.set()
         assert done.wait(10)
 
-    holder = threading.Thread(target=work)
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            errors.append(exc)
+
+    # The holding thread's connection is inherited by the child, which must leave it be.
+    holder = threading.Thread(target=hold)
     holder.start()
     try:
         assert inside.wait(10)
@@ -339,6 +348,8 @@ def test_a_decorated_function_excludes_its_own_calls_in_forked_children() -> Non
     finally:
         done.set()
         holder.join(10)
+    assert errors == []
+    assert not locks.is_locked("orders:1")
 
 
 def test_a_lease_released_inside_its_with_block_is_not_released_again() -> None:
