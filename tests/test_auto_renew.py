@@ -94,17 +94,26 @@ def hold_write_lock(name: str, seconds: float, backend: str) -> threading.Thread
 
 def test_a_release_that_races_a_due_renewal_stops_no_other_renewals(backend: str) -> None:
     other = locks.acquire("orders:2", ttl=3, auto_renew=True)  # renewed every second
-    lease = locks.acquire("orders:1", ttl=0.6, auto_renew=True)  # every 0.2 s
-    # The release waits on the server for 0.8 s; meanwhile a renewal falls due, finds
-    # the lease still held and waits for the release to finish.
-    blocker = hold_write_lock("orders:1", 0.8, backend)
-    releasing = threading.Thread(target=lease.release)
+    lease = locks.acquire("orders:1", ttl=1.5, auto_renew=True)  # every 0.5 s
+    # The release waits on the server for 1 s (less than the TTL); meanwhile a renewal
+    # falls due, finds the lease still held and waits for the release to finish.
+    blocker = hold_write_lock("orders:1", 1.0, backend)
+    errors: list[BaseException] = []
+
+    def release() -> None:
+        try:
+            lease.release()
+        except BaseException as exc:
+            errors.append(exc)
+
+    releasing = threading.Thread(target=release)
     releasing.start()
     blocker.join(10)
     releasing.join(10)
+    assert errors == []
     assert not lease.held and not lease.lost
     assert not locks.is_locked("orders:1")
-    time.sleep(3.5)  # past the other lease's first expiry: it must have been renewed
+    time.sleep(3.0)  # past the other lease's first expiry: it must have been renewed
     assert locks.check_token("orders:2", other.token)
     assert not other.lost
     other.release()
