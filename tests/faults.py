@@ -6,11 +6,12 @@ import os
 import queue
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from tests.conftest import BACKEND
 from tests.history import load
@@ -126,3 +127,26 @@ def wait_until_waiting(session: int, seconds: float = 30) -> None:
                 return
         assert time.monotonic() < deadline, f"session {session} never waited for a lock"
         time.sleep(0.05)
+
+
+def hold_write_lock(name: str, seconds: float) -> threading.Thread:
+    """Block writes to lock ``name``'s row from another connection for ``seconds``.
+
+    On SQLite, whose only lock is the file's write lock, every write waits.
+    """
+    ready = threading.Event()
+
+    def block() -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            if BACKEND == "sqlite":
+                cursor.execute("UPDATE locks_lock SET note = note WHERE name = %s", [name])
+            else:
+                cursor.execute("SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", [name])
+            ready.set()
+            time.sleep(seconds)
+        connection.close()
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    assert ready.wait(10)
+    return thread

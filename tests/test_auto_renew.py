@@ -9,12 +9,12 @@ import time
 import weakref
 
 import pytest
-from django.db import connection, transaction
 
 import locks
 from locks import watchdog
 from locks.models import Lock
 from tests.conftest import finish, spawn
+from tests.faults import hold_write_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,32 +72,12 @@ def test_watchdog_stops_renewing_after_release() -> None:
     assert wait_for(lambda: not watchdog._watchdog._queue, 2)
 
 
-def hold_write_lock(name: str, seconds: float, backend: str) -> threading.Thread:
-    """Block writes to ``name``'s row from another connection for ``seconds``."""
-    ready = threading.Event()
-
-    def block() -> None:
-        with transaction.atomic(), connection.cursor() as cursor:
-            if backend == "sqlite":
-                cursor.execute("UPDATE locks_lock SET note = note WHERE name = %s", [name])
-            else:
-                cursor.execute("SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", [name])
-            ready.set()
-            time.sleep(seconds)
-        connection.close()
-
-    thread = threading.Thread(target=block)
-    thread.start()
-    assert ready.wait(10)
-    return thread
-
-
-def test_a_release_that_races_a_due_renewal_stops_no_other_renewals(backend: str) -> None:
+def test_a_release_that_races_a_due_renewal_stops_no_other_renewals() -> None:
     other = locks.acquire("orders:2", ttl=3, auto_renew=True)  # renewed every second
     lease = locks.acquire("orders:1", ttl=1.5, auto_renew=True)  # every 0.5 s
     # The release waits on the server for 1 s (less than the TTL); meanwhile a renewal
     # falls due, finds the lease still held and waits for the release to finish.
-    blocker = hold_write_lock("orders:1", 1.0, backend)
+    blocker = hold_write_lock("orders:1", 1.0)
     errors: list[BaseException] = []
 
     def release() -> None:

@@ -7,13 +7,14 @@ import threading
 import time
 
 import pytest
-from django.db import DatabaseError, OperationalError, connection, connections, transaction
+from django.db import DatabaseError, OperationalError, connection, connections
 from django.test import override_settings
 
 import locks
 from locks.backends import for_connection
 from locks.conf import conf
 from locks.models import Lock
+from tests.faults import hold_write_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,26 +30,6 @@ def short_lock_waits(backend: str) -> None:
             cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
 
 
-def hold_write_lock(seconds: float, backend: str) -> threading.Thread:
-    ready = threading.Event()
-
-    def block() -> None:
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                if backend == "sqlite":
-                    cursor.execute("UPDATE locks_lock SET note = note")
-                else:
-                    cursor.execute("SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", ["x"])
-            ready.set()
-            time.sleep(seconds)
-        connections.close_all()
-
-    thread = threading.Thread(target=block)
-    thread.start()
-    assert ready.wait(10)
-    return thread
-
-
 def test_busy_and_lock_wait_timeouts_are_retried_until_the_write_goes_through(
     backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -58,7 +39,7 @@ def test_busy_and_lock_wait_timeouts_are_retried_until_the_write_goes_through(
     time.sleep(0.1)
     short_lock_waits(backend)
     caplog.set_level(logging.DEBUG, logger="locks")
-    thread = hold_write_lock(2.5, backend)
+    thread = hold_write_lock("x", 2.5)
     lease = locks.acquire("x", timeout=0, holder="new")
     thread.join()
     assert lease.token > expired.token
@@ -72,7 +53,7 @@ def test_retries_are_bounded_and_the_error_names_the_lock(backend: str) -> None:
     locks.acquire("x", ttl=0.05, holder="old")
     time.sleep(0.1)
     short_lock_waits(backend)
-    thread = hold_write_lock(6, backend)
+    thread = hold_write_lock("x", 6)
     with pytest.raises(OperationalError) as raised:
         locks.acquire("x", timeout=0, holder="new")
     thread.join()
