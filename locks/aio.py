@@ -222,7 +222,8 @@ class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator
         self._request = request
         self._timeout = timeout
         self._fixed_holder = fixed_holder
-        self._lease: Lease | None = None
+        # A stack: the same object may be entered again inside its own block.
+        self._leases: list[Lease] = []
 
     def _recreate_cm(self) -> AsyncLockContext:
         # Used as a decorator, each call gets its own lease (and its own task's holder).
@@ -233,8 +234,9 @@ class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator
         if not self._fixed_holder:
             # The holder is that of the task entering the block, not of the one that built it.
             request = replace(request, holder=task_holder())
-        self._lease = await _wait(request, self._timeout)
-        return self._lease
+        lease = await _wait(request, self._timeout)
+        self._leases.append(lease)
+        return lease
 
     async def __aexit__(
         self,
@@ -242,8 +244,8 @@ class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease, self._lease = self._lease, None
-        if lease is not None and lease._state != RELEASED:
+        lease = self._leases.pop()
+        if lease._state != RELEASED:
             # Shielded: a cancelled block still releases (the thread would finish it anyway).
             await asyncio.shield(run_sync(_end, lease, exc_type is not None))
 

@@ -523,7 +523,8 @@ class LockContext(ContextDecorator):
         self._request = request
         self._timeout = timeout
         self._fixed_holder = fixed_holder
-        self._lease: Lease | None = None
+        # A stack: the same object may be entered again inside its own block.
+        self._leases: list[Lease] = []
 
     def _recreate_cm(self) -> LockContext:
         # Used as a decorator, each call (in any thread) gets its own lease.
@@ -535,8 +536,9 @@ class LockContext(ContextDecorator):
             # The holder is the entering thread's, not the building one's: a function
             # decorated at import time runs in many threads, and in forked children.
             request = replace(request, holder=default_holder())
-        self._lease = request.wait(self._timeout)
-        return self._lease
+        lease = request.wait(self._timeout)
+        self._leases.append(lease)
+        return lease
 
     def __exit__(
         self,
@@ -544,8 +546,8 @@ class LockContext(ContextDecorator):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease, self._lease = self._lease, None
-        if lease is not None and lease._state != RELEASED:
+        lease = self._leases.pop()
+        if lease._state != RELEASED:
             _end(lease, exc_type is not None)
 
 

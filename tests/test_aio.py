@@ -85,6 +85,22 @@ def test_alock_decorated_coroutines_never_overlap() -> None:
     assert not Lock.objects.exists()
 
 
+def test_one_alock_object_entered_again_inside_its_block_releases_both_holdings() -> None:
+    async def main() -> tuple[locks.Lease, locks.Lease, int, bool]:
+        guard = locks.alock("aio:nested", ttl=30)
+        async with guard as outer:
+            async with guard as inner:
+                pass
+            count = await run_sync(lambda: Lock.objects.get(name="aio:nested").count)
+            still = await run_sync(locks.is_locked, "aio:nested")
+        return outer, inner, count, still
+
+    outer, inner, count_inside, still_locked = asyncio.run(main())
+    assert (inner.token, inner.count) == (outer.token, 2)
+    assert count_inside == 1 and still_locked
+    assert not locks.is_locked("aio:nested")
+
+
 def test_alock_releases_when_the_block_raises_or_is_cancelled() -> None:
     async def main() -> bool:
         with pytest.raises(RuntimeError):

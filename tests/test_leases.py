@@ -352,6 +352,16 @@ def test_a_decorated_function_excludes_its_own_calls_in_forked_children() -> Non
     assert not locks.is_locked("orders:1")
 
 
+def test_one_lock_object_entered_again_inside_its_block_releases_both_holdings() -> None:
+    guard = locks.lock("orders:1", ttl=30)
+    with guard as outer:
+        with guard as inner:
+            assert (inner.token, inner.count) == (outer.token, 2)
+        assert Lock.objects.get(name="orders:1").count == 1
+        assert locks.is_locked("orders:1")
+    assert not locks.is_locked("orders:1")
+
+
 def test_a_lease_released_inside_its_with_block_is_not_released_again() -> None:
     with locks.acquire("orders:1") as lease:
         lease.release()
