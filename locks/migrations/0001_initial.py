@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db import migrations, models
 
 import locks.fields
-
-
-def create_extras(apps: Any, schema_editor: Any) -> None:
-    from locks.backends import for_connection
-
-    for_connection(schema_editor.connection).create_extras(schema_editor)
-
-
-def drop_extras(apps: Any, schema_editor: Any) -> None:
-    from locks.backends import for_connection
-
-    for_connection(schema_editor.connection).drop_extras(schema_editor)
+from locks.backends import create_extras, drop_extras
 
 
 class Migration(migrations.Migration):

@@ -6,17 +6,10 @@ Before this, MariaDB compared holders with the database's default collation, so 
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db import migrations
 
 import locks.fields
-
-
-def create_extras(apps: Any, schema_editor: Any) -> None:
-    from locks.backends import for_connection
-
-    for_connection(schema_editor.connection).create_extras(schema_editor)
+from locks.backends import create_extras
 
 
 class Migration(migrations.Migration):
