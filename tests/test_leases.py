@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -287,30 +289,12 @@ def test_lock_works_as_a_decorator_with_a_fresh_lease_per_call() -> None:
     assert not locks.is_locked("orders:1")
 
 
-def test_a_decorated_function_excludes_its_own_calls_in_other_threads() -> None:
-    # The decorator is built once, in this thread; each call holds as its own thread.
-    inside, done = threading.Event(), threading.Event()
+@contextmanager
+def decorated_and_held_in_another_thread() -> Iterator[tuple[Callable[[], None], threading.Event]]:
+    """A function decorated here (once) with ``locks.lock``, running in another thread.
 
-    @locks.lock("orders:1", ttl=30, timeout=0)
-    def work() -> None:
-        inside.set()
-        assert done.wait(10)
-
-    other = threading.Thread(target=work)
-    other.start()
-    try:
-        assert inside.wait(10)
-        with pytest.raises(locks.LockBusy):
-            work()
-        assert Lock.objects.get(name="orders:1").count == 1
-    finally:
-        done.set()
-        other.join(10)
-    assert not locks.is_locked("orders:1")
-
-
-def test_a_decorated_function_excludes_its_own_calls_in_forked_children() -> None:
-    # Pre-forking servers import (and decorate) in the parent, then serve in children.
+    Yields it and the event that lets that call end; the call must end without error.
+    """
     inside, done = threading.Event(), threading.Event()
 
     @locks.lock("orders:1", ttl=30, timeout=0)
@@ -326,11 +310,30 @@ def test_a_decorated_function_excludes_its_own_calls_in_forked_children() -> Non
         except BaseException as exc:
             errors.append(exc)
 
-    # The holding thread's connection is inherited by the child, which must leave it be.
     holder = threading.Thread(target=hold)
     holder.start()
     try:
         assert inside.wait(10)
+        yield work, done
+    finally:
+        done.set()
+        holder.join(10)
+    assert errors == []
+
+
+def test_a_decorated_function_excludes_its_own_calls_in_other_threads() -> None:
+    # The decorator is built once, in this thread; each call holds as its own thread.
+    with decorated_and_held_in_another_thread() as (work, _):
+        with pytest.raises(locks.LockBusy):
+            work()
+        assert Lock.objects.get(name="orders:1").count == 1
+    assert not locks.is_locked("orders:1")
+
+
+def test_a_decorated_function_excludes_its_own_calls_in_forked_children() -> None:
+    # Pre-forking servers import (and decorate) in the parent, then serve in children.
+    # The holding thread's connection is inherited by the child, which must leave it be.
+    with decorated_and_held_in_another_thread() as (work, done):
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child reports by its exit code
             code = 3
@@ -345,10 +348,6 @@ def test_a_decorated_function_excludes_its_own_calls_in_forked_children() -> Non
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert Lock.objects.get(name="orders:1").count == 1
-    finally:
-        done.set()
-        holder.join(10)
-    assert errors == []
     assert not locks.is_locked("orders:1")
 
 
