@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from django.conf import settings as django_settings
@@ -113,7 +114,7 @@ class Settings:
 
     @property
     def TRANSIENT_RETRIES(self) -> int:
-        return self._checked("TRANSIENT_RETRIES", validation.check_retries)
+        return self._checked("TRANSIENT_RETRIES", partial(validation.check_count, what="retries"))
 
     @property
     def REAP_BATCH_SIZE(self) -> int:

@@ -176,11 +176,7 @@ def _check_status(status: Any) -> int:
 def _check_retry_after(retry_after: Any) -> int | None:
     if retry_after is None:
         return None
-    if isinstance(retry_after, bool) or not isinstance(retry_after, int):
-        raise TypeError(f"lock_view retry_after must be an int (seconds), not {retry_after!r}")
-    if retry_after < 0:
-        raise ValueError(f"lock_view retry_after must not be negative: {retry_after}")
-    return int(retry_after)
+    return validation.check_count(retry_after, "lock_view retry_after (seconds)")
 
 
 def _label(view: Any) -> str:

@@ -147,18 +147,18 @@ def check_batch_size(batch_size: Any) -> int:
     return int(batch_size)
 
 
-def check_retries(retries: Any) -> int:
-    """Return a validated number of retries: an int, 0 or more.
+def check_count(value: Any, what: str) -> int:
+    """Return ``value`` if it is an int, 0 or more (retries, whole seconds); ``what`` names it.
 
     Example::
 
-        check_retries(8)  # -> 8
+        check_count(8, "retries")  # -> 8
     """
-    if isinstance(retries, bool) or not isinstance(retries, int):
-        raise TypeError(f"retries must be an int, not {retries!r}")
-    if retries < 0:
-        raise ValueError(f"retries must not be negative: {retries!r}")
-    return int(retries)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {value!r}")
+    if value < 0:
+        raise ValueError(f"{what} must not be negative: {value!r}")
+    return int(value)
 
 
 def pause_seconds(pause: Any) -> float:
