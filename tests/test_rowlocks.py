@@ -199,6 +199,20 @@ def test_a_waiter_gets_the_row_lock_right_after_the_holder_commits(
     assert committed["committing_at"] <= got_at < committed["committing_at"] + PROMPTLY
 
 
+def test_a_timeout_beyond_the_servers_longest_wait_still_waits(
+    start: Callable[..., Remote],
+) -> None:
+    # 30 days: more milliseconds than PostgreSQL's lock_timeout and SQLite's busy_timeout
+    # take (2**31 - 1); PostgreSQL refused it, SQLite read it as "do not wait".
+    holder = holding(start, "orders:18")
+    holder.send("commit", delay=1.0)
+    started = time.monotonic()
+    with locks.row_lock("orders:18", timeout=30 * 24 * 3600) as row:
+        assert row is not None
+    assert holder.reply()["ok"]
+    assert time.monotonic() - started >= 0.5, "it must have waited for the holder"
+
+
 def test_a_killed_holder_frees_the_row_lock(start: Callable[..., Remote]) -> None:
     holder = holding(start, "orders:8")
     with pytest.raises(locks.LockBusy), locks.row_lock("orders:8", nowait=True):

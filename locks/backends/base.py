@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -12,6 +13,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+#: The longest lock wait PostgreSQL's ``lock_timeout`` and SQLite's ``busy_timeout`` take,
+#: in milliseconds (a signed 32-bit int, some 24.8 days). PostgreSQL refuses more; SQLite
+#: silently takes it as 0, i.e. no wait at all. Longer timeouts wait this long.
+MAX_WAIT_MS = 2**31 - 1
+
+
+def wait_ms(timeout: float) -> int:
+    """``timeout`` seconds as a lock wait in whole milliseconds: at least 1, at most MAX_WAIT_MS.
+
+    Example::
+
+        wait_ms(0.0001)  # 1: both databases read 0 as "no limit" or "no wait"
+    """
+    return min(max(1, math.ceil(timeout * 1000)), MAX_WAIT_MS)
 
 
 class Cursor(Protocol):

@@ -12,7 +12,6 @@ Row locks bound their wait with ``lock_timeout``, set for the transaction only
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
 
-from .base import Backend, Cursor, Grant
+from .base import Backend, Cursor, Grant, wait_ms
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -224,9 +223,8 @@ class PostgreSQLBackend(Backend):
         return float(row[5])
 
     def enter_queue(self, cursor: Cursor, name: str, timeout: float) -> bool:
-        milliseconds = max(1, math.ceil(timeout * 1000))
         try:
-            cursor.execute(ENTER_QUEUE, [f"{milliseconds}ms", name])
+            cursor.execute(ENTER_QUEUE, [f"{wait_ms(timeout)}ms", name])
         except DatabaseError as exc:
             if self.is_lock_busy(exc):
                 return False
@@ -292,10 +290,8 @@ class PostgreSQLBackend(Backend):
 
     @contextmanager
     def _lock_timeout(self, connection: BaseDatabaseWrapper, timeout: float) -> Iterator[None]:
-        # lock_timeout counts whole milliseconds and 0 would mean "no limit".
-        milliseconds = max(1, math.ceil(timeout * 1000))
         with connection.cursor() as cursor:
-            cursor.execute(SET_LOCK_TIMEOUT, [f"{milliseconds}ms"])
+            cursor.execute(SET_LOCK_TIMEOUT, [f"{wait_ms(timeout)}ms"])
             old = cursor.fetchone()[0]
         # On an error the transaction is aborted and no statement can run; its rollback
         # (or the savepoint's) undoes the SET LOCAL.

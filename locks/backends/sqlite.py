@@ -12,7 +12,6 @@ with ``PRAGMA busy_timeout``, put back as it was right after.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from ..exceptions import LockError
-from .base import Backend, Cursor, Grant
+from .base import Backend, Cursor, Grant, wait_ms
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -180,7 +179,7 @@ class SQLiteBackend(Backend):
         with connection.cursor() as cursor:
             cursor.execute("PRAGMA busy_timeout")
             old = int(cursor.fetchone()[0])
-            cursor.execute(f"PRAGMA busy_timeout = {math.ceil(timeout * 1000)}")
+            cursor.execute(f"PRAGMA busy_timeout = {wait_ms(timeout)}")
         try:
             yield
         finally:
