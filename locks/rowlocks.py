@@ -175,8 +175,10 @@ def _take(name: str, wait: _Wait, alias: str) -> transaction.Atomic | None:
     connection = connections[alias]
     backend = for_connection(connection)
     take = _lock_row if backend.has_row_locks else _lock_database
-    # A deadlock rolls back the whole transaction; only one of our own can simply be retried.
-    retries = 0 if connection.in_atomic_block else conf.TRANSIENT_RETRIES
+    # A deadlock rolls back the whole transaction; only one of our own can simply be retried
+    # (not the caller's atomic block, nor the caller's manual transaction: autocommit off).
+    ours = not connection.in_atomic_block and connection.get_autocommit()
+    retries = conf.TRANSIENT_RETRIES if ours else 0
     deadline = None if wait.timeout is None else time.monotonic() + wait.timeout
     requested = wait
     for attempt in itertools.count():

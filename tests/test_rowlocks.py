@@ -330,6 +330,31 @@ def test_sessions_that_deadlock_creating_one_new_row_both_get_the_lock(
         assert event["ok"] and event["locked"], event
 
 
+@pytest.mark.skipif(
+    not BACKEND.creates_row_in_transaction,
+    reason="only where a new row is inserted inside the caller's transaction (MariaDB) can "
+    "sessions that create it at once deadlock",
+)
+def test_a_deadlock_in_a_manual_transaction_is_not_retried_over_its_lost_writes(
+    start: Callable[..., Remote], tmp_path: Path
+) -> None:
+    # With autocommit off (Django's manual transactions), the deadlock rolls back the
+    # caller's whole transaction: a retry would go on in a new one as if nothing was lost.
+    gate = tmp_path / "go"
+    late = [start(), start()]
+    for number, worker in enumerate(late):
+        worker.send("lock_after_pause", name="new", gate=str(gate), write_first=f"w{number}")
+        assert worker.reply()["event"] == "paused"
+    first = holding(start, "new")
+    gate.touch()
+    time.sleep(0.5)
+    first.call("commit")
+    events = [worker.reply() for worker in late]
+    for event in events:
+        assert (event["ok"] and event["kept"]) or "Deadlock" in event["message"], event
+    assert any(not event["ok"] for event in events), events
+
+
 @pytest.mark.skipif(not BACKEND.has_row_locks, reason="SQLite has no isolation levels")
 def test_a_row_created_after_a_repeatable_read_snapshot(start: Callable[..., Remote]) -> None:
     other = start()

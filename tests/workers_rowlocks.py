@@ -44,12 +44,27 @@ class Session:
         )
         return {"locked": row is not None}
 
-    def lock_after_pause(self, name: str, gate: str) -> dict[str, Any]:
+    def lock_after_pause(self, name: str, gate: str, write_first: str = "") -> dict[str, Any]:
         """Take and release row_lock(name), stopping before its row is created until ``gate``
-        exists (a file); prints a ``paused`` event when it stops."""
+        exists (a file); prints a ``paused`` event when it stops.
+
+        ``write_first``: in Django's manual transaction mode (autocommit off), first create
+        an Item of that name; the event tells whether the transaction still has it after
+        the row lock (then it is rolled back)."""
         from django.db import connection
 
         import locks
+        from tests.app.models import Item
+
+        if write_first:
+            connection.set_autocommit(False)
+            try:
+                Item.objects.create(name=write_first)
+                locked = self.lock_after_pause(name, gate)
+                return {**locked, "kept": Item.objects.filter(name=write_first).exists()}
+            finally:
+                connection.rollback()
+                connection.set_autocommit(True)
 
         paused = False
 
