@@ -18,7 +18,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     user = getattr(settings, "LOCKS", {})
     if not isinstance(user, dict):
         return [Error("LOCKS must be a dict.", hint=f"Got {user!r}.", id="locks.E001")]
-    unknown = sorted(set(user) - set(DEFAULTS))
+    # Keys need not be strings (LOCKS = {1: 2}): name each as written, sort the names.
+    unknown = sorted(
+        key if isinstance(key, str) else repr(key) for key in user if key not in DEFAULTS
+    )
     if unknown:
         errors.append(
             Error(
@@ -81,6 +84,9 @@ def _bad_values() -> list[CheckMessage]:
 
 def _version_problem(connection: Any) -> str | None:
     vendor = connection.vendor
+    if vendor not in {"postgresql", "mysql", "sqlite"}:
+        # Before asking the version: other backends need not implement that.
+        return f"{vendor} is not supported; use PostgreSQL, MariaDB or SQLite"
     version = connection.get_database_version()
     if vendor == "postgresql" and version < (13,):
         return f"PostgreSQL {version} is too old; 13 or newer is needed"
@@ -91,8 +97,6 @@ def _version_problem(connection: Any) -> str | None:
             return f"MariaDB {version} is too old; 10.6 or newer is needed"
     if vendor == "sqlite" and version < (3, 35):
         return f"SQLite {version} is too old; 3.35 or newer is needed"
-    if vendor not in {"postgresql", "mysql", "sqlite"}:
-        return f"{vendor} is not supported; use PostgreSQL, MariaDB or SQLite"
     return None
 
 

@@ -40,6 +40,13 @@ def test_e001_unknown_keys_are_named() -> None:
     assert "DATABSE" in messages[0].msg
 
 
+@override_settings(LOCKS={1: 2, "DATABSE": "default"})
+def test_e001_names_unknown_keys_that_are_not_strings() -> None:
+    messages = checks.check_settings()
+    assert ids(messages) == ["locks.E001"]
+    assert messages[0].msg == "Unknown LOCKS keys: 1, DATABSE."
+
+
 @override_settings(LOCKS={"DATABASE": "nowhere"})
 def test_e002_database_must_be_configured() -> None:
     messages = checks.check_settings()
@@ -187,6 +194,14 @@ def test_e003_names_unsupported_servers(
         vendor=vendor, get_database_version=lambda: version, mysql_is_mariadb=mariadb
     )
     assert problem in (checks._version_problem(server) or "")
+
+
+def test_e003_names_a_backend_that_cannot_tell_its_version() -> None:
+    def no_version() -> tuple[int, ...]:
+        raise NotImplementedError("subclasses of BaseDatabaseWrapper may require ...")
+
+    server = SimpleNamespace(vendor="firebird", get_database_version=no_version)
+    assert "firebird is not supported" in (checks._version_problem(server) or "")
 
 
 @pytest.fixture
