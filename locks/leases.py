@@ -435,11 +435,18 @@ class Lease:
         if entirely:
             return backend.release_last(*args, entirely=True)
         # Try the likely case first: one statement when the lease is not re-entered.
+        steps: tuple[Callable[..., Released], ...] = (backend.release_last, backend.release_reentry)
         if self.count > 1:
-            outcome = backend.release_reentry(*args)
-            return backend.release_last(*args) if outcome is Released.MISSING else outcome
-        outcome = backend.release_last(*args)
-        return backend.release_reentry(*args) if outcome is Released.MISSING else outcome
+            steps = steps[::-1]
+        while True:
+            for step in steps:
+                outcome = step(*args)
+                if outcome is not Released.MISSING:
+                    return outcome
+            # Both missed: the holding is gone, or a holder shared with another process
+            # re-entered or released in between, moving the count across our two statements.
+            if not backend.holds(*args):
+                return Released.MISSING
 
     def __enter__(self) -> Lease:
         return self

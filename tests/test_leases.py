@@ -493,6 +493,28 @@ def test_explicit_holder_shares_a_lease_with_another_process() -> None:
     assert row("job:7") is None
 
 
+def test_releases_of_a_shared_holder_that_cross_each_other_both_count() -> None:
+    """The first lease's release misses (the row counts 2), then the second's runs before
+    its next statement: the count it was looking for moved under it."""
+    first = locks.acquire("job:8", ttl=30, holder="job-8")
+    second = locks.acquire("job:8", ttl=30, holder="job-8")
+    statements: list[str] = []
+
+    def release_second_after_the_first_statement(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        result = execute(sql, params, many, context)
+        statements.append(sql)
+        if len(statements) == 1:
+            thread = threading.Thread(target=second.release)  # its own connection
+            thread.start()
+            thread.join()
+        return result
+
+    with locks.connection.get("default").execute_wrapper(release_second_after_the_first_statement):
+        first.release()  # was LockLost, leaving the row to count 1 until it expired
+    assert len(statements) >= 3
+    assert row("job:8") is None
+
+
 def test_a_lease_is_visible_to_other_processes_at_once() -> None:
     lease = locks.acquire("orders:1")
     assert finish(spawn("probe", "orders:1")) == [{"event": "probe", "locked": True}]

@@ -131,6 +131,15 @@ class Backend:
         )
         return cursor.fetchone() is not None
 
+    def holds(self, cursor: Cursor, name: str, holder: str, token: int) -> bool:
+        """Whether ``holder``'s grant ``token`` of ``name`` is live (a read, no change)."""
+        cursor.execute(
+            "SELECT 1 FROM locks_lock WHERE name = %s AND holder = %s AND token = %s "
+            f"AND expires_at > {self.NOW}",
+            [name, holder, token],
+        )
+        return cursor.fetchone() is not None
+
     def check_token(self, cursor: Cursor, name: str, token: int) -> bool:
         cursor.execute(
             f"SELECT 1 FROM locks_lock WHERE name = %s AND token = %s AND expires_at > {self.NOW}",
