@@ -129,24 +129,24 @@ class FencedModel(models.Model):
         using: str | None,
         pk_val: Any,
         values: Collection[tuple[Field[Any, Any], type[models.Model] | None, Any]],
-        update_fields: Iterable[str] | None,
-        forced_update: bool,
-    ) -> bool:
+        *args: Any,
+    ) -> Any:
+        # *args and the result: Django's own, as in VersionedModel._do_update.
         if not any(field.attname == FENCE for field, _, _ in values):
             # Another table of a multi-table inheritance chain: the fence is not there.
-            return super()._do_update(base_qs, using, pk_val, values, update_fields, forced_update)
+            return super()._do_update(base_qs, using, pk_val, values, *args)
         token = self._locks_fence
         if token is None:
             unfenced = [value for value in values if value[0].attname != FENCE]
-            return super()._do_update(
-                base_qs, using, pk_val, unfenced, update_fields, forced_update
-            )
-        row = base_qs.filter(pk=pk_val)
-        if cast(Any, row.filter(fence__lte=token))._update(list(values)) > 0:
-            return True
-        newer = row.values_list(FENCE, flat=True).first()
+            return super()._do_update(base_qs, using, pk_val, unfenced, *args)
+        updated = super()._do_update(
+            base_qs.filter(fence__lte=token), using, pk_val, list(values), *args
+        )
+        if updated:
+            return updated
+        newer = base_qs.filter(pk=pk_val).values_list(FENCE, flat=True).first()
         if newer is None:
-            return False  # no such row yet: Django inserts it, fence and all
+            return updated  # no such row yet: Django inserts it, fence and all
         raise StaleToken(
             f"write to {self._meta.label} pk={pk_val!r} with fencing token {token} refused: "
             f"the row was written with the newer token {newer}; it is unchanged"

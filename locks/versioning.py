@@ -127,26 +127,28 @@ class VersionedModel(models.Model):
         using: str | None,
         pk_val: Any,
         values: Collection[tuple[Field[Any, Any], type[models.Model] | None, Any]],
-        update_fields: Iterable[str] | None,
-        forced_update: bool,
-    ) -> bool:
+        *args: Any,
+    ) -> Any:
+        # *args: Django's own further parameters (update_fields, forced_update, and from
+        # 6.0 returning_fields), passed on untouched. The result is Django's too: a bool
+        # before 6.0, a list of returned rows after; truthy when a row was updated.
         version_field = cast("Field[Any, Any]", self._meta.get_field(VERSION))
         if base_qs.model._meta.concrete_model is not version_field.model._meta.concrete_model:
             # Another table of a multi-table inheritance chain: the version is not there.
             # Decided by the table, not by the values: a save that leaves the version
             # out of its values must still be checked, never silently unconditional.
-            return super()._do_update(base_qs, using, pk_val, values, update_fields, forced_update)
+            return super()._do_update(base_qs, using, pk_val, values, *args)
         expected = self.version
         # Whatever version the values carry, the row gets the one this check expects + 1.
         bumped = [value for value in values if value[0].attname != VERSION]
         bumped.append((version_field, None, expected + 1))
-        row = base_qs.filter(pk=pk_val)
-        if cast(Any, row.filter(version=expected))._update(bumped) > 0:
+        updated = super()._do_update(base_qs.filter(version=expected), using, pk_val, bumped, *args)
+        if updated:
             self.version = expected + 1
-            return True
-        current = row.values_list(VERSION, flat=True).first()
+            return updated
+        current = base_qs.filter(pk=pk_val).values_list(VERSION, flat=True).first()
         if current is None and self._state.adding:
-            return False  # a new object whose row does not exist yet: Django inserts it
+            return updated  # a new object whose row does not exist yet: Django inserts it
         label = self._meta.label
         if current is None:
             raise ConcurrentUpdate(
