@@ -88,8 +88,10 @@ def get(alias: str) -> BaseDatabaseWrapper:
     wrapper = _local.wrappers.get(alias)
     if wrapper is None:
         wrapper = connections.create_connection(alias)
+        backend = for_connection(wrapper)
         # Our own copy: Django's wrapper shares the dict with settings.DATABASES.
-        wrapper.settings_dict = for_connection(wrapper).own_settings(dict(wrapper.settings_dict))
+        settings_dict = backend.session_settings(dict(wrapper.settings_dict))
+        wrapper.settings_dict = backend.own_settings(settings_dict)
         wrapper.locks_own = True  # type: ignore[attr-defined]  # marks it for on_connect
         _local.wrappers[alias] = wrapper
         _alive.add(wrapper)

@@ -69,6 +69,14 @@ def _database(alias: str) -> dict[str, Any]:
 
 
 DATABASES = {alias: _database(alias) for alias in ("default", "other")}
+# A mirror of "default" whose settings the app's own connections must not follow
+# (tests/test_connection.py): Django's connection pool with room for one ORM connection.
+if BACKEND == "postgresql":
+    DATABASES["pooled"] = {
+        **_database("default"),
+        "OPTIONS": {"pool": {"min_size": 1, "max_size": 1, "timeout": 2}},
+        "TEST": {"MIRROR": "default"},
+    }
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False

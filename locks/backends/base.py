@@ -227,6 +227,15 @@ class Backend:
     def check_caller(self, alias: str) -> None:
         """Raise if a lock statement on ``alias`` would deadlock with the caller's transaction."""
 
+    def session_settings(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
+        """The alias's settings less what Django shares between the alias's connections.
+
+        Every connection of the app's own (lock statements, release notifications) is a
+        session apart from the ORM's, so it must not draw from, or set up, anything the
+        ORM's connections share.
+        """
+        return settings_dict
+
     def own_settings(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
         """The settings of the app's own connections, made from the alias's settings."""
         return settings_dict

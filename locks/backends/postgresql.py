@@ -260,6 +260,17 @@ class PostgreSQLBackend(Backend):
     def is_transient(self, exc: BaseException) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) in TRANSIENT_SQLSTATES
 
+    def session_settings(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
+        options = settings_dict.get("OPTIONS", {})
+        if "pool" not in options:
+            return settings_dict
+        # Django keeps one pool per alias (OPTIONS["pool"]). Drawn from it, a lock call of a
+        # thread whose ORM connection is checked out would need a second slot, and wait
+        # for the pool's timeout when there is none; and the first of our connections to
+        # open would make the pool, with our connect options for every ORM connection.
+        options = {key: value for key, value in options.items() if key != "pool"}
+        return {**settings_dict, "OPTIONS": options}
+
     def own_settings(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
         from ..conf import conf
 
