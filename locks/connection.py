@@ -91,6 +91,10 @@ def get(alias: str) -> BaseDatabaseWrapper:
         backend = for_connection(wrapper)
         # Our own copy: Django's wrapper shares the dict with settings.DATABASES.
         settings_dict = backend.session_settings(dict(wrapper.settings_dict))
+        # With the alias's AUTOCOMMIT = False, Django would open a transaction on connect
+        # that nothing of ours commits: no other session would see a lease, and closing
+        # the connection would roll it back.
+        settings_dict["AUTOCOMMIT"] = True
         wrapper.settings_dict = backend.own_settings(settings_dict)
         wrapper.locks_own = True  # type: ignore[attr-defined]  # marks it for on_connect
         _local.wrappers[alias] = wrapper

@@ -69,8 +69,10 @@ def _database(alias: str) -> dict[str, Any]:
 
 
 DATABASES = {alias: _database(alias) for alias in ("default", "other")}
-# A mirror of "default" whose settings the app's own connections must not follow
-# (tests/test_connection.py): Django's connection pool with room for one ORM connection.
+# Mirrors of "default" whose settings the app's own connections must not follow
+# (tests/test_connection.py): Django's transactions without autocommit, and, on
+# PostgreSQL, Django's connection pool with room for one ORM connection only.
+DATABASES["manual"] = {**_database("default"), "AUTOCOMMIT": False, "TEST": {"MIRROR": "default"}}
 if BACKEND == "postgresql":
     DATABASES["pooled"] = {
         **_database("default"),

@@ -12,6 +12,7 @@ import locks
 import locks.connection
 from tests.app.models import Counter
 from tests.conftest import BACKEND
+from tests.remote import remotes
 
 NEEDS_POOL = pytest.mark.skipif(
     BACKEND != "postgresql",
@@ -72,3 +73,19 @@ def test_orm_connections_from_the_pool_do_not_get_the_lock_connections_options(
     assert issubclass(orm.cursor_factory, psycopg.ClientCursor), "Django's default binding"
     assert orm.prepare_threshold is None
     assert _pool_checkouts(pooled) == 1, "only the ORM's connection came from the pool"
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "manual"])
+def test_a_lease_on_an_alias_without_autocommit_is_seen_by_other_processes() -> None:
+    lease = locks.acquire("orders:1", ttl=30, using="manual")
+    with remotes() as start:
+        other = start()  # on "default": the same database
+        # A read first: it never waits, where an acquire would queue behind an open
+        # transaction that has written the row.
+        seen = other.call("check_token", name="orders:1", token=lease.token)
+        assert seen["ok"] and seen["live"], seen
+        refused = other.call("try_acquire", name="orders:1")
+        assert refused["ok"] and not refused["acquired"], refused
+        lease.release()
+        granted = other.call("try_acquire", name="orders:1")
+        assert granted["ok"] and granted["acquired"], granted

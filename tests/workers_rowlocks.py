@@ -128,6 +128,15 @@ class Session:
         self.leases[name] = lease
         return {"token": lease.token}
 
+    def try_acquire(self, name: str, ttl: float = 5) -> dict[str, Any]:
+        """One attempt at a lease, released at once if granted (a probe that never waits)."""
+        import locks
+
+        lease = locks.try_acquire(name, ttl=ttl)
+        if lease is not None:
+            lease.release()
+        return {"acquired": lease is not None}
+
     def check_token(self, name: str, token: int) -> dict[str, Any]:
         import locks
 
