@@ -77,6 +77,28 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def session(alias: str) -> BaseDatabaseWrapper:
+    """A new, unopened autocommit connection to ``alias`` apart from the ORM's.
+
+    It shares nothing with the ORM's connections (no pool) whatever the alias's settings
+    say. For connections of the app's own that are not for lock statements (the release
+    listener); lock statements go through :func:`get`.
+
+    Example::
+
+        wrapper = locks.connection.session("default")
+    """
+    wrapper = connections.create_connection(alias)
+    # Our own copy: Django's wrapper shares the dict with settings.DATABASES.
+    settings_dict = for_connection(wrapper).session_settings(dict(wrapper.settings_dict))
+    # With the alias's AUTOCOMMIT = False, Django would open a transaction on connect that
+    # nothing of ours commits: no other session would see a lease (nor a LISTEN take
+    # effect), and closing the connection would roll it back.
+    settings_dict["AUTOCOMMIT"] = True
+    wrapper.settings_dict = settings_dict
+    return wrapper
+
+
 def get(alias: str) -> BaseDatabaseWrapper:
     """Return this thread's own autocommit connection to ``alias``, creating it if needed.
 
@@ -87,15 +109,8 @@ def get(alias: str) -> BaseDatabaseWrapper:
     """
     wrapper = _local.wrappers.get(alias)
     if wrapper is None:
-        wrapper = connections.create_connection(alias)
-        backend = for_connection(wrapper)
-        # Our own copy: Django's wrapper shares the dict with settings.DATABASES.
-        settings_dict = backend.session_settings(dict(wrapper.settings_dict))
-        # With the alias's AUTOCOMMIT = False, Django would open a transaction on connect
-        # that nothing of ours commits: no other session would see a lease, and closing
-        # the connection would roll it back.
-        settings_dict["AUTOCOMMIT"] = True
-        wrapper.settings_dict = backend.own_settings(settings_dict)
+        wrapper = session(alias)
+        wrapper.settings_dict = for_connection(wrapper).own_settings(wrapper.settings_dict)
         wrapper.locks_own = True  # type: ignore[attr-defined]  # marks it for on_connect
         _local.wrappers[alias] = wrapper
         _alive.add(wrapper)

@@ -18,8 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from django.db import connections
-
+from . import connection
 from .backends import for_connection
 
 if TYPE_CHECKING:
@@ -106,7 +105,9 @@ class Listener:
     def _run(self) -> None:
         idle_since = time.monotonic()
         while not self._stop.is_set():
-            wrapper = connections.create_connection(self.alias)
+            # Not the alias's ORM settings: with AUTOCOMMIT = False the LISTEN would wait
+            # for a commit, and from Django's pool it would hold a slot while anyone waits.
+            wrapper = connection.session(self.alias)
             try:
                 self._listen(wrapper)
                 # Releases may have gone unnoticed while there was no LISTEN.

@@ -45,6 +45,29 @@ def backend() -> str:
     return BACKEND
 
 
+#: For tests on the "pooled" alias (tests/settings.py), with its databases in their
+#: ``django_db`` mark: it exists where Django pools connections.
+NEEDS_POOL = pytest.mark.skipif(
+    BACKEND != "postgresql",
+    reason="Django pools connections only on PostgreSQL (OPTIONS['pool'], psycopg 3)",
+)
+
+
+@pytest.fixture
+def pooled() -> Iterator[str]:
+    """The "pooled" alias of tests/settings.py: "default" with a pool of one connection."""
+    try:
+        yield "pooled"
+    finally:
+        locks.connection.close()
+        locks.waiting.stop_listeners()
+        orm = connections["pooled"]
+        orm.close()
+        # Django keeps the pool per alias, past its wrappers; its idle session would keep
+        # the test database from being dropped, and count in other tests' sessions.
+        orm.close_pool()  # type: ignore[attr-defined]  # PostgreSQL's wrapper only
+
+
 def worker_env() -> dict[str, str]:
     """Environment for a worker process that uses this run's test databases."""
     names = {alias: str(connections[alias].settings_dict["NAME"]) for alias in connections}

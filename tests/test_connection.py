@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from django.db import connections, transaction
@@ -11,27 +10,8 @@ from django.db import connections, transaction
 import locks
 import locks.connection
 from tests.app.models import Counter
-from tests.conftest import BACKEND
+from tests.conftest import NEEDS_POOL
 from tests.remote import remotes
-
-NEEDS_POOL = pytest.mark.skipif(
-    BACKEND != "postgresql",
-    reason="Django pools connections only on PostgreSQL (OPTIONS['pool'], psycopg 3)",
-)
-
-
-@pytest.fixture
-def pooled() -> Iterator[str]:
-    """The "pooled" alias of tests/settings.py: "default" with a pool of one connection."""
-    try:
-        yield "pooled"
-    finally:
-        locks.connection.close()
-        orm = connections["pooled"]
-        orm.close()
-        # Django keeps the pool per alias, past its wrappers; its idle session would keep
-        # the test database from being dropped, and count in other tests' sessions.
-        orm.close_pool()  # type: ignore[attr-defined]  # PostgreSQL's wrapper only
 
 
 def _pool_checkouts(alias: str) -> int:

@@ -7,13 +7,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.test import override_settings
 
 import locks
 from locks import waiting
 from locks.models import Lock
 from tests import pgbouncer
+from tests.app.models import Counter
+from tests.conftest import NEEDS_POOL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,13 +51,10 @@ def listening(backend: str) -> Iterator[None]:
     yield
 
 
-@needs_notifications
-@pytest.mark.usefixtures("listening")
-@override_settings(LOCKS=SLOW_POLLING)
-def test_a_release_wakes_a_blocked_acquire_at_once() -> None:
-    lease = locks.acquire("orders:1", holder="first")
+def assert_a_release_wakes_a_blocked_acquire_at_once(using: str = "default") -> None:
+    lease = locks.acquire("orders:1", holder="first", using=using)
     results: list[float] = []
-    thread = waiter("orders:1", results)
+    thread = waiter("orders:1", results, using=using)
     deadline = time.monotonic() + 10
     while not Lock.objects.filter(name="orders:1", waiting=True).exists():
         assert time.monotonic() < deadline, "the waiter never flagged the row"
@@ -65,6 +64,35 @@ def test_a_release_wakes_a_blocked_acquire_at_once() -> None:
     thread.join()
     # Polling alone would have slept 10 s.
     assert results and results[0] - released < 3
+
+
+@needs_notifications
+@pytest.mark.usefixtures("listening")
+@override_settings(LOCKS=SLOW_POLLING)
+def test_a_release_wakes_a_blocked_acquire_at_once() -> None:
+    assert_a_release_wakes_a_blocked_acquire_at_once()
+
+
+@needs_notifications
+@pytest.mark.usefixtures("listening")
+@pytest.mark.django_db(transaction=True, databases=["default", "manual"])
+@override_settings(LOCKS=SLOW_POLLING)
+def test_a_release_wakes_a_blocked_acquire_on_an_alias_without_autocommit() -> None:
+    # The listener's LISTEN takes effect at once, not at a commit that never comes.
+    assert_a_release_wakes_a_blocked_acquire_at_once(using="manual")
+
+
+@needs_notifications
+@NEEDS_POOL
+@pytest.mark.django_db(transaction=True, databases=["default", "pooled"])
+@override_settings(LOCKS=SLOW_POLLING)
+def test_a_release_wakes_a_blocked_acquire_while_the_orm_holds_the_pools_only_connection(
+    pooled: str,
+) -> None:
+    # The listener has a connection of its own, not one it would wait for in the pool.
+    with transaction.atomic(using=pooled):
+        Counter.objects.using(pooled).create(name="holds-the-slot")
+        assert_a_release_wakes_a_blocked_acquire_at_once(using=pooled)
 
 
 @pytest.mark.usefixtures("listening")
