@@ -655,7 +655,8 @@ def reap_expired(
 
     Each batch is one conditional DELETE judged by the database clock, so a lease renewed
     a moment ago is never deleted. Stops when a batch comes back short, or when
-    ``time_budget`` seconds have been spent.
+    ``time_budget`` seconds have been spent. On SQLite it pauses after each batch as long
+    as the batch took, so that acquires get in between.
 
     Example::
 
@@ -664,12 +665,48 @@ def reap_expired(
     size = conf.REAP_BATCH_SIZE if batch_size is None else validation.check_batch_size(batch_size)
     budget = validation.timeout_seconds(time_budget)
     alias = _alias(using)
-    deadline = None if budget is None else time.monotonic() + budget
-    total = 0
-    while True:
-        deleted = _execute(alias, "reap", "*", lambda backend, cursor: backend.reap(cursor, size))
-        total += deleted
-        if deleted < size or (deadline is not None and time.monotonic() >= deadline):
-            break
+    total = reap_batches(size, alias, budget).deleted
     logger.info("reaped %d expired locks on database %r", total, alias)
     return total
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """What a run of reaper batches did (see :func:`reap_batches`)."""
+
+    deleted: int
+    batches: int
+    longest_batch: float
+    finished: bool  # False when the time budget ran out with expired rows possibly left
+
+
+def reap_batches(size: int, alias: str, budget: float | None) -> Reaped:
+    """The reaper's loop, for arguments already checked: every way of reaping runs this.
+
+    Example::
+
+        reap_batches(1000, "default", 30.0).deleted
+    """
+    deadline = None if budget is None else time.monotonic() + budget
+    deleted = batches = 0
+    longest = 0.0
+    while True:
+        started = time.monotonic()
+        count, writers_poll = _execute(
+            alias,
+            "reap",
+            "*",
+            lambda backend, cursor: (backend.reap(cursor, size), backend.writers_poll),
+        )
+        # The longest batch is about how long an acquire may wait for the reaper.
+        took = time.monotonic() - started
+        longest = max(longest, took)
+        deleted += count
+        batches += 1
+        finished = count < size
+        pause = took if writers_poll else 0.0
+        if finished or (deadline is not None and time.monotonic() + pause >= deadline):
+            return Reaped(deleted, batches, longest, finished)
+        # Where waiting writers poll rather than queue (SQLite), leave the database to them
+        # as long as the batch held it, or an acquire could wait through many batches.
+        time.sleep(pause)

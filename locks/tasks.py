@@ -60,31 +60,15 @@ def reap(
     )
     alias = conf.DATABASE if using is None else validation.check_alias(using)
     started = time.monotonic()
-    deadline = None if budget is None else started + budget
-    deleted = batches = 0
-    longest = 0.0
-    while True:
-        batch_started = time.monotonic()
-        # One batch at a time (what locks.reap_expired loops over), timed: the longest
-        # batch is about how long an acquire may wait for the reaper.
-        count, writers_poll = leases._execute(
-            alias,
-            "reap",
-            "*",
-            lambda backend, cursor: (backend.reap(cursor, size), backend.writers_poll),
-        )
-        took = time.monotonic() - batch_started
-        longest = max(longest, took)
-        deleted += count
-        batches += 1
-        finished = count < size
-        pause = took if writers_poll else 0.0
-        if finished or (deadline is not None and time.monotonic() + pause >= deadline):
-            break
-        # Where waiting writers poll rather than queue (SQLite), leave the database to them
-        # as long as the batch held it, or an acquire could wait through many batches.
-        time.sleep(pause)
-    return ReapReport(deleted, batches, longest, time.monotonic() - started, alias, finished)
+    reaped = leases.reap_batches(size, alias, budget)
+    return ReapReport(
+        reaped.deleted,
+        reaped.batches,
+        reaped.longest_batch,
+        time.monotonic() - started,
+        alias,
+        reaped.finished,
+    )
 
 
 @shared_task(name="locks.reap_expired", ignore_result=False)
