@@ -11,7 +11,10 @@
 #                          then activates it
 #
 # Environment:
-#   PYTHON   interpreter used to create .venv (default: python3; must be 3.11+)
+#   PYTHON        interpreter used to create .venv (default: python3; must be 3.11+)
+#   LOCKS_VENV    the virtualenv's directory under the repository (default: .venv)
+#   LOCKS_DJANGO  a Django requirement installed over requirements-dev.txt's, e.g.
+#                 "Django>=6,<7" to run the tests on a newer Django (default: none)
 
 # shellcheck shell=bash
 
@@ -57,39 +60,41 @@ locks_apt_install() {
     fi
 }
 
-# Hash of everything that decides what is installed in .venv.
+# Hash of everything that decides what is installed in the virtualenv $1.
 _locks_requirements_hash() {
     {
-        "$LOCKS_ROOT/.venv/bin/python" -c 'import sys; print(sys.version)'
+        "$1/bin/python" -c 'import sys; print(sys.version)'
         cat "$LOCKS_ROOT/requirements.txt" "$LOCKS_ROOT/requirements-dev.txt"
+        printf '%s\n' "${LOCKS_DJANGO:-}"
     } | sha256sum | cut -d' ' -f1
 }
 
 locks_setup_venv() {
     local python="${PYTHON:-python3}"
-    local venv="$LOCKS_ROOT/.venv"
+    local name="${LOCKS_VENV:-.venv}"
+    local venv="$LOCKS_ROOT/$name"
     local stamp="$venv/.requirements.sha256"
 
     if [ -e "$venv" ] && ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
-        locks_log "virtualenv .venv is broken (its interpreter does not run): recreating it"
+        locks_log "virtualenv $name is broken (its interpreter does not run): recreating it"
         rm -rf "$venv"
     fi
     if [ ! -x "$venv/bin/python" ]; then
         command -v "$python" >/dev/null 2>&1 || locks_die "$python not found (set PYTHON=...)"
         "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
             || locks_die "$python is $("$python" -V 2>&1); Python 3.11+ is required"
-        locks_log "creating virtualenv .venv with $("$python" -V 2>&1)"
+        locks_log "creating virtualenv $name with $("$python" -V 2>&1)"
         "$python" -m venv "$venv" || locks_die "python -m venv failed"
     fi
 
     local want
-    want="$(_locks_requirements_hash)"
+    want="$(_locks_requirements_hash "$venv")"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-        locks_log "virtualenv .venv is up to date"
+        locks_log "virtualenv $name is up to date"
     else
         # mysqlclient has no Linux wheel: it is compiled against libmariadb.
         locks_apt_install gcc pkg-config libmariadb-dev
-        locks_log "installing requirements-dev.txt into .venv"
+        locks_log "installing requirements-dev.txt into $name"
         local start=$SECONDS
         # Never let playwright fetch browsers of its own: tests use Debian's chromium.
         # The full pip output goes to a log file, shown only when pip fails.
@@ -99,6 +104,12 @@ locks_setup_venv() {
             </dev/null >"$log" 2>&1; then
             tail -n 60 "$log" >&2
             locks_die "pip install -r requirements-dev.txt failed (full log: $log)"
+        fi
+        if [ -n "${LOCKS_DJANGO:-}" ]; then
+            # Over requirements.txt's pin, which keeps the usual venv on the LTS.
+            locks_log "installing $LOCKS_DJANGO into $name"
+            "$venv/bin/python" -m pip install "$LOCKS_DJANGO" </dev/null >>"$log" 2>&1 \
+                || { tail -n 30 "$log" >&2; locks_die "pip install $LOCKS_DJANGO failed (log: $log)"; }
         fi
         printf '%s\n' "$want" >"$stamp"
         locks_log "requirements installed in $((SECONDS - start)) s"
