@@ -33,6 +33,9 @@ ON_DUPLICATE = ("return", "raise")
 # How often apply_async retries when the holder it lost to is gone by the time it looks.
 _DUPLICATE_ATTEMPTS = 3
 _HASHED_PREFIX = validation.MAX_NAME_LENGTH - len(":sha256:") - 64
+# Set on a worker's (or eager) request once its run holds the lease; Celery makes a new
+# request object per run, retries included.
+_RUN_MARK = "locks_run_entered"
 
 
 def fit_key(key: str) -> str:
@@ -306,8 +309,11 @@ class SingletonTask(Task[..., Any]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task under its lock (in a worker), or as a plain call (called directly)."""
         request = self.request
-        if request.called_directly or not request.id:
+        # A call from inside a run (recursion) still sees that run's request: the mark
+        # tells it apart, or it would re-enter the run's lease and release it entirely.
+        if request.called_directly or not request.id or getattr(request, _RUN_MARK, False):
             return super().__call__(*args, **kwargs)
+        setattr(request, _RUN_MARK, True)
         lease = self._enter_run(str(request.id), args, kwargs)
         retrying = False
         try:

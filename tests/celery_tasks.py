@@ -100,3 +100,17 @@ def record_renewed(self: SingletonTask, label: str, gate: str) -> None:
     _wait_for(gate)
     run.finished = True
     run.save(update_fields=["finished"])
+
+
+@shared_task(bind=True, base=SingletonTask, name="tests.walk")
+def walk(self: SingletonTask, label: str, depth: int, gate: str = "") -> None:
+    """Recurse ``depth`` levels by calling the task function directly, then run like
+    ``record`` at the top level (the only one with a gate)."""
+    if depth:
+        walk(label, depth - 1)
+    if not gate:
+        return
+    run = _record(self, label)
+    _wait_for(gate)
+    run.finished = True
+    run.save(update_fields=["finished"])

@@ -241,3 +241,20 @@ def test_auto_renew_keeps_the_lock_of_a_run_that_outlasts_its_ttl(
     assert task.delay("long", str(gate)).id == first.id
     gate.touch()
     wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")
+
+
+def test_direct_call_inside_a_run_keeps_the_runs_lock(worker: Worker, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    walk = singleton(worker.app, "tests.walk")
+    key = walk.lock_name(("walk", 2, str(gate)))
+    first = walk.delay("walk", 2, str(gate))
+    # The run called itself directly twice before it recorded itself and waits.
+    wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).exists(), what="the run")
+    assert Lock.objects.filter(name=key).values_list("holder", "count").get() == (first.id, 2)
+    assert walk.delay("walk", 2, str(gate)).id == first.id
+    gate.touch()
+    wait_until(lambda: finished_runs("walk"), what="the run to finish")
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")
+    drain(worker, tmp_path)
+    assert worker.received("tests.walk") == [first.id]
+    assert f"task tests.walk[{first.id}] ended, but lock" not in worker.process.text()

@@ -277,3 +277,26 @@ def test_key_travels_in_a_message_header_for_the_worker_and_retries(app: Celery)
         assert message.headers["id"] == result.id
         assert message.headers[KEY_HEADER] == task.lock_name((1,))
         message.ack()
+
+
+def test_direct_call_inside_an_eager_run_takes_no_lease_and_keeps_the_runs(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    app.conf.task_always_eager = True
+    holdings: list[list[tuple[str, int]]] = []
+
+    def walk(depth: int) -> None:
+        """Recurse by calling the task function itself, then note who holds what."""
+        if depth:
+            task(depth - 1)
+        holdings.append(list(Lock.objects.values_list("holder", "count")))
+
+    decorate: Any = app.task
+    task = decorate(base=SingletonTask, name="t.walk", shared=False, lock_key="walk")(walk)
+    with caplog.at_level(logging.DEBUG, logger="locks"):
+        result = task.delay(2)
+    # Every level, the innermost first, still sees the eager run's own holding: the
+    # enqueue and the run's entry, nothing taken or released by the direct calls.
+    assert holdings == [[(result.id, 2)]] * 3
+    assert not Lock.objects.exists()
+    assert not [r for r in caplog.records if r.name.startswith("locks") and r.levelno >= 30]
