@@ -245,6 +245,11 @@ class SingletonTask(Task[..., Any]):
                 return self._duplicate(key, task_id, holding, on_duplicate)
         else:
             raise LockBusy(f"lock {key!r} of task {self.name!r} kept changing hands; try again")
+        if lease.count > 1 and KEY_HEADER not in headers:
+            # Re-entered: a run under this very task id is queued or running. Only a retry
+            # (which sends the key header) may enqueue it again.
+            _release_quietly(lease, f"task {self.name}[{task_id}] is a duplicate")
+            return self._duplicate(key, task_id, (task_id, lease.note), on_duplicate)
         options["headers"] = {**headers, KEY_HEADER: key}
         try:
             return super().apply_async(

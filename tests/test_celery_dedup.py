@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,3 +259,23 @@ def test_direct_call_inside_a_run_keeps_the_runs_lock(worker: Worker, tmp_path: 
     drain(worker, tmp_path)
     assert worker.received("tests.walk") == [first.id]
     assert f"task tests.walk[{first.id}] ended, but lock" not in worker.process.text()
+
+
+def test_enqueue_under_the_task_id_of_a_running_run_is_a_duplicate(
+    worker: Worker, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    key = record.lock_name(("same-id", str(gate)))
+    task_id = str(uuid.uuid4())  # chosen by the caller, as with apply_async(task_id=...)
+    record.apply_async(("same-id", str(gate)), task_id=task_id)
+    wait_until(lambda: CeleryRun.objects.filter(task_id=task_id).exists(), what="the run")
+    assert record.apply_async(("same-id", str(gate)), task_id=task_id).id == task_id
+    # The run's holding, its count unchanged: the refused enqueue gave its re-entry back.
+    assert Lock.objects.filter(name=key).values_list("holder", "count").get() == (task_id, 2)
+    gate.touch()
+    wait_until(lambda: finished_runs("same-id"), what="the run to finish")
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")
+    drain(worker, tmp_path)
+    assert worker.received("tests.record").count(task_id) == 1
+    assert CeleryRun.objects.filter(label="same-id").count() == 1

@@ -300,3 +300,20 @@ def test_direct_call_inside_an_eager_run_takes_no_lease_and_keeps_the_runs(
     assert holdings == [[(result.id, 2)]] * 3
     assert not Lock.objects.exists()
     assert not [r for r in caplog.records if r.name.startswith("locks") and r.levelno >= 30]
+
+
+def test_enqueue_under_the_task_id_of_a_queued_run_is_a_duplicate(app: Celery) -> None:
+    task = make_task(app, "t.same-id")
+    assert task.apply_async((42,), task_id="inv-42").id == "inv-42"
+    assert task.apply_async((42,), task_id="inv-42").id == "inv-42"
+    assert queued(app) == 1
+    lock = Lock.objects.get()
+    assert (lock.holder, lock.count) == ("inv-42", 1)  # the duplicate gave its re-entry back
+
+    raising = make_task(app, "t.same-id-raise", on_duplicate="raise")
+    raising.apply_async((7,), task_id="inv-7")
+    with pytest.raises(locks.DuplicateTask, match="already queued or running as inv-7") as caught:
+        raising.apply_async((7,), task_id="inv-7")
+    assert (caught.value.task_id, caught.value.name) == ("inv-7", raising.lock_name((7,)))
+    assert queued(app) == 2
+    assert Lock.objects.get(holder="inv-7").count == 1
