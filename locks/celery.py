@@ -13,12 +13,13 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
+from celery.signals import task_revoked
 from celery.utils import uuid
 from django.db import DatabaseError
 
 from . import leases, validation
 from .conf import conf
-from .exceptions import DuplicateTask, LockBusy, LockLost
+from .exceptions import DuplicateTask, LockBusy, LockError, LockLost
 
 __all__ = ["KEY_HEADER", "DuplicateTask", "SingletonTask", "default_key", "fit_key"]
 
@@ -93,7 +94,9 @@ class SingletonTask(Task[..., Any]):
     nothing: it returns the ``AsyncResult`` of the queued run (``on_duplicate="return"``)
     or raises :class:`~locks.DuplicateTask` (``on_duplicate="raise"``). The worker
     releases the lease when the run ends (success, failure, final retry failure); a retry
-    keeps it. A worker that dies mid-run leaves the lease to expire after ``lock_ttl``.
+    keeps it. A message dropped unrun (``revoke()``, ``expires``) or a run killed by
+    ``revoke(terminate=True)`` releases it too, when the worker reports the revoke. A
+    worker that dies mid-run leaves the lease to expire after ``lock_ttl``.
     A worker that receives a duplicate anyway (sent by code that bypassed ``apply_async``)
     skips it and logs why.
 
@@ -384,3 +387,47 @@ def _release_quietly(
         logger.exception(
             "%s, but releasing lock %r failed; it expires at %s", why, lease.name, lease.expires_at
         )
+
+
+def _release_revoked(sender: Any = None, request: Any = None, **signal_info: Any) -> None:
+    """Free the key of a SingletonTask message the worker dropped or killed unfinished.
+
+    Celery sends ``task_revoked`` (in the worker's main process) for a message discarded by
+    ``revoke()`` or ``expires`` and for a run killed by ``revoke(terminate=True)``: no run
+    ends, so without this the lease taken at enqueue would block the key for ``lock_ttl``.
+    """
+    if not isinstance(sender, SingletonTask) or request is None or not request.id:
+        return
+    task_id = str(request.id)
+    key = request.get(KEY_HEADER) or (request.headers or {}).get(KEY_HEADER)
+    if not isinstance(key, str):
+        return  # sent around apply_async: it never took a lease
+    try:
+        ttl, alias, _ = sender._lock_options()
+        # Re-entering proves the holding is still this task id's own (one statement, no
+        # read-then-write); another holder's lease is left alone. Should the key be free,
+        # this takes it for a moment and gives it straight back.
+        lease = leases.try_acquire(
+            validation.check_name(key), ttl=ttl, holder=task_id, using=alias, note=sender._note()
+        )
+    except (TypeError, ValueError, DatabaseError, LockError):
+        logger.exception(
+            "task %s[%s] was revoked, but freeing lock %r failed", sender.name, task_id, key
+        )
+        return
+    if lease is None:
+        logger.info(
+            "task %s[%s] was revoked; lock %r is another holder's now: left alone",
+            sender.name,
+            task_id,
+            key,
+        )
+        return
+    _release_quietly(lease, f"task {sender.name}[{task_id}] was revoked", entirely=True)
+    logger.info("task %s[%s] was revoked: released lock %r", sender.name, task_id, key)
+
+
+# Connected on import: every process that runs a SingletonTask has imported this module
+# (the task's base class lives here), and Celery is an optional dependency that the
+# app's ready() must not import. weak=False: the receiver is a module function anyway.
+task_revoked.connect(_release_revoked, weak=False, dispatch_uid="locks.celery.release_revoked")

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from celery import Celery
 
 import locks
 import tests.celery_tasks  # noqa: F401 - registers the test tasks with every app
+from locks.celery import KEY_HEADER
 from locks.models import Lock
 from tests.app.models import CeleryRun
 from tests.celery_app import make_app
@@ -58,13 +60,17 @@ def worker(
     django_db_setup: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Worker]:
-    """One prefork worker (2 processes) per broker, on this run's own queue."""
+    """One prefork worker (2 processes) per broker, on this run's own queue.
+
+    It obeys ``revoke`` broadcasts, on a control exchange of this run's own.
+    """
     broker = request.param
     url, queue = BROKERS[broker], unique_queue()
-    app = make_app(url, queue)
+    app = make_app(url, queue, remote_control=True)
     log = tmp_path_factory.mktemp(f"celery-{broker}") / "worker.log"
+    env = celery_env(url, queue, LOCKS_TEST_REMOTE_CONTROL="1")
     try:
-        with celery_worker("tests.celery_app", queue, log, celery_env(url, queue)) as process:
+        with celery_worker("tests.celery_app", queue, log, env) as process:
             yield Worker(broker, url, queue, app, process)
     finally:
         delete_queue(app, queue)
@@ -279,3 +285,67 @@ def test_enqueue_under_the_task_id_of_a_running_run_is_a_duplicate(
     drain(worker, tmp_path)
     assert worker.received("tests.record").count(task_id) == 1
     assert CeleryRun.objects.filter(label="same-id").count() == 1
+
+
+def test_expired_message_dropped_by_the_worker_releases_its_lock(
+    worker: Worker, tmp_path: Path
+) -> None:
+    record = singleton(worker.app, "tests.record")
+    key = record.lock_name(("expired",))
+    first = record.apply_async(("expired",), expires=datetime.now(UTC) - timedelta(seconds=1))
+    assert locks.is_locked(key)
+    # Freed within seconds, not after lock_ttl (an hour).
+    wait_until(lambda: not locks.is_locked(key), timeout=30, what="the release")
+    assert f"Discarding revoked task: tests.record[{first.id}]" in worker.process.text()
+    second = record.delay("expired")
+    assert second.id != first.id
+    wait_until(lambda: finished_runs("expired"), what="the new run")
+    assert not CeleryRun.objects.filter(task_id=first.id).exists()
+
+
+def test_message_revoked_before_it_runs_releases_its_lock(worker: Worker) -> None:
+    record = singleton(worker.app, "tests.record")
+    key = record.lock_name(("revoked",))
+    # The countdown keeps the message waiting in the worker until the revoke has arrived.
+    first = record.apply_async(("revoked",), countdown=2)
+    first.revoke()
+    wait_until(lambda: not locks.is_locked(key), timeout=30, what="the release")
+    assert f"Discarding revoked task: tests.record[{first.id}]" in worker.process.text()
+    assert record.delay("revoked").id != first.id
+    wait_until(lambda: finished_runs("revoked"), what="the new run")
+    assert not CeleryRun.objects.filter(task_id=first.id).exists()
+
+
+def test_run_terminated_by_revoke_releases_its_lock(worker: Worker, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    hang = singleton(worker.app, "tests.record")
+    key = hang.lock_name(("terminated", str(gate)))
+    first = hang.delay("terminated", str(gate))
+    wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).exists(), what="the run")
+    first.revoke(terminate=True, signal="SIGKILL")
+    wait_until(lambda: not locks.is_locked(key), timeout=30, what="the release")
+    assert not CeleryRun.objects.filter(task_id=first.id, finished=True).exists()
+    second = hang.delay("terminated", str(gate))
+    assert second.id != first.id
+    gate.touch()
+    wait_until(lambda: finished_runs("terminated"), what="the new run")
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="its release")
+
+
+def test_revoked_message_leaves_a_lock_that_another_holder_took_alone(
+    worker: Worker, tmp_path: Path
+) -> None:
+    with locks.lock("revoked:taken", ttl=60) as lease:
+        # Sent around apply_async, so it carries the key but never held it.
+        sent = worker.app.send_task(
+            "tests.record",
+            ("taken",),
+            headers={KEY_HEADER: "revoked:taken"},
+            expires=datetime.now(UTC) - timedelta(seconds=1),
+        )
+        drain(worker, tmp_path)
+        assert f"Discarding revoked task: tests.record[{sent.id}]" in worker.process.text()
+        held = Lock.objects.get(name="revoked:taken")
+        assert (held.holder, held.token, held.count) == (lease.holder, lease.token, 1)
+        lease.renew()
+    assert not CeleryRun.objects.filter(label="taken").exists()
