@@ -23,6 +23,8 @@ from django.db import connections
 from ..exceptions import LockError
 from .base import Backend, Cursor, Grant, wait_ms
 
+SYNCHRONOUS_FULL = 2  # PRAGMA synchronous: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA
+
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
@@ -170,6 +172,16 @@ class SQLiteBackend(Backend):
         schema_editor.execute("DROP TRIGGER IF EXISTS locks_token_on_update")
         schema_editor.execute("DROP TRIGGER IF EXISTS locks_token_on_insert")
         schema_editor.execute("DROP TABLE IF EXISTS locks_sequence")
+
+    def on_connect(self, connection: BaseDatabaseWrapper) -> None:
+        # Below FULL (synchronous=NORMAL, a common companion of WAL), a commit is not yet
+        # on disk when it returns: an OS crash or power loss can take back an acknowledged
+        # grant and its token, and the next holder would get the same token again. The
+        # setting is per connection: only the app's own commit this way.
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA synchronous")
+            if int(cursor.fetchone()[0]) < SYNCHRONOUS_FULL:
+                cursor.execute(f"PRAGMA synchronous = {SYNCHRONOUS_FULL}")
 
     def take_write_lock(self, cursor: Cursor) -> None:
         cursor.execute(TAKE_WRITE_LOCK)
