@@ -100,11 +100,19 @@ def _version_problem(connection: Any) -> str | None:
     return None
 
 
+def _innodb_flush(connection: Any) -> int:
+    # A server-wide setting: the app's connections cannot choose it per session as they do
+    # synchronous_commit (PostgreSQL) and PRAGMA synchronous (SQLite).
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@GLOBAL.innodb_flush_log_at_trx_commit")
+        return int(cursor.fetchone()[0])
+
+
 @register(Tags.database)
 def check_database(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """locks.E003, locks.W002: the locks database's server (needs ``check --database``)."""
+    """locks.E003, W002, W003: the locks database's server (needs ``check --database``)."""
     alias = conf.DATABASE
     if not databases or alias not in databases or alias not in connections.settings:
         return []
@@ -113,6 +121,19 @@ def check_database(
     problem = _version_problem(connection)
     if problem:
         errors.append(Error(f"Database {alias!r}: {problem}.", id="locks.E003"))
+    if connection.vendor == "mysql" and not problem:
+        flush = _innodb_flush(connection)
+        if flush != 1:
+            errors.append(
+                Warning(
+                    f"Database {alias!r}: innodb_flush_log_at_trx_commit is {flush}, so a "
+                    "crash of the server or its machine can take back a lock it granted, and "
+                    "the next holder would get the same fencing token.",
+                    hint="SET GLOBAL innodb_flush_log_at_trx_commit = 1 (MariaDB's default), "
+                    "and in the server's configuration.",
+                    id="locks.W003",
+                )
+            )
     if connection.vendor == "sqlite" and cast(Any, connection).is_in_memory_db():
         errors.append(
             Warning(

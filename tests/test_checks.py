@@ -226,6 +226,29 @@ def test_w002_in_memory_sqlite_is_warned(memory_alias: str) -> None:
         assert ids(checks.check_database(databases=[memory_alias])) == ["locks.W002"]
 
 
+@pytest.fixture
+def lazy_innodb_flush(backend: str) -> Iterator[None]:
+    if backend != "mariadb":
+        pytest.skip("innodb_flush_log_at_trx_commit is a MariaDB setting")
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT @@GLOBAL.innodb_flush_log_at_trx_commit")
+        (before,) = cursor.fetchone()
+        # Server-wide, and for this moment only: it changes durability, not behaviour.
+        cursor.execute("SET GLOBAL innodb_flush_log_at_trx_commit = 2")
+    try:
+        yield
+    finally:
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SET GLOBAL innodb_flush_log_at_trx_commit = %s", [before])
+
+
+@pytest.mark.django_db
+def test_w003_mariadb_that_may_lose_committed_grants_is_warned(lazy_innodb_flush: None) -> None:
+    messages = checks.check_database(databases=["default"])
+    assert ids(messages) == ["locks.W003"]
+    assert "innodb_flush_log_at_trx_commit is 2" in messages[0].msg
+
+
 @override_settings(LOCKS={"DATABASE": "nowhere"})
 def test_manage_py_check_runs_the_checks() -> None:
     with pytest.raises(SystemCheckError, match=r"locks\.E002"):
