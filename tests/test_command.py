@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 import locks
 from locks.models import Lock
@@ -87,6 +88,25 @@ def test_break_with_yes_breaks_and_the_holder_gets_lock_lost() -> None:
     assert not Lock.objects.exists()
     with pytest.raises(locks.LockLost):
         lease.release()
+
+
+def test_break_with_yes_names_the_holding_it_broke_when_the_lock_changed_hands() -> None:
+    old = locks.acquire("orders:10", ttl=30, holder="worker-old")
+    taken: list[locks.Lease] = []
+
+    def hand_over_after_the_read(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        result = execute(sql, params, many, context)
+        if not taken and "locks_lock" in sql and sql.lstrip().upper().startswith("SELECT"):
+            old.release()  # on the app's own connection, not this one
+            taken.append(locks.acquire("orders:10", ttl=30, holder="worker-new"))
+        return result
+
+    with connection.execute_wrapper(hand_over_after_the_read):
+        out, _ = run("break", "orders:10", "--yes")
+    new = taken[0]
+    assert new.token > old.token
+    assert f"Broke lock 'orders:10' (holder 'worker-new', token {new.token})." in out
+    assert not Lock.objects.exists()
 
 
 def test_break_reports_unknown_names_and_exits_1() -> None:

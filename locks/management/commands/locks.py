@@ -22,6 +22,22 @@ PARTIAL = 1
 COLUMNS = ("NAME", "HOLDER", "COUNT", "TOKEN", "ACQUIRED (UTC)", "EXPIRES IN", "STATE")
 
 
+def _break_holding(alias: str, row: dict[str, Any], *, again: bool) -> dict[str, Any] | None:
+    """Break the holding ``row`` shows (by token), so what is reported is what went.
+
+    After a prompt, only the holding that was shown; with ``again`` (``--yes``), also one
+    that took the lock meanwhile, read anew. None: nothing was broken.
+    """
+    for _ in range(3):  # a lock that keeps changing hands this fast is reported, not chased
+        if break_lock(row["name"], using=alias, token=row["token"]):
+            return row
+        fresh = _rows(alias, [row["name"]]) if again else []
+        if not fresh:
+            return None
+        row = fresh[0]
+    return None
+
+
 def _rows(alias: str, names: list[str] | None = None, state: str = "held") -> list[dict[str, Any]]:
     """Lock rows with their time left by the database clock, newest first."""
     # Two grants in one millisecond (SQLite's clock) tie: the later token is the newer.
@@ -136,10 +152,10 @@ class Command(BaseCommand):
         found = {row["name"]: row for row in rows}
         missed = [name for name in names if name not in found]
         for name, row in found.items():
-            # After a prompt, break only the holdings that were shown (by token).
-            if break_lock(name, using=alias, token=None if yes else row["token"]):
+            broken = _break_holding(alias, row, again=yes)
+            if broken is not None:
                 self.stdout.write(
-                    f"Broke lock {name!r} (holder {row['holder']!r}, token {row['token']})."
+                    f"Broke lock {name!r} (holder {broken['holder']!r}, token {broken['token']})."
                 )
             else:
                 self.stderr.write(f"Lock {name!r} was released or taken again meanwhile.")
