@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 import locks
+from locks.backends import for_connection
+from locks.conf import conf
 from locks.models import Lock
 from tests.conftest import ROOT, worker_env
 
@@ -153,6 +156,28 @@ def test_reap_deletes_expired_rows_only() -> None:
     locks.acquire("orders:live", ttl=30, holder="worker")
     assert run("reap", "--batch-size", "1")[0].strip() == "Reaped 2 expired lock(s)."
     assert list(Lock.objects.values_list("name", flat=True)) == ["orders:live"]
+
+
+def test_reap_leaves_the_database_to_waiting_writers_between_batches_where_they_poll() -> None:
+    for number in range(4):
+        expired(f"orders:old{number}")
+    batches: list[tuple[float, float]] = []
+
+    def timed(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        started = time.monotonic()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            batches.append((started, time.monotonic()))
+
+    with locks.connection.get(conf.DATABASE).execute_wrapper(timed):
+        assert run("reap", "--batch-size", "1")[0].strip() == "Reaped 4 expired lock(s)."
+    assert len(batches) == 5  # the fifth comes back short
+    if for_connection(connection).writers_poll:
+        # SQLite: after each batch, a pause as long as the batch, for acquires to get in.
+        for (start, end), (after, _) in itertools.pairwise(batches):
+            assert after - end >= end - start
+    assert not Lock.objects.exists()
 
 
 @pytest.mark.parametrize("batch", ["0", "-5", "2000000"])
