@@ -19,7 +19,6 @@ import time
 import weakref
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AsyncContextDecorator
-from dataclasses import replace
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -29,7 +28,7 @@ from django.db import connections
 
 from . import connection, validation, waiting
 from .identity import default_holder, unique_holder
-from .leases import RELEASED, Lease, _backoff, _end, _Request, notifies
+from .leases import RELEASED, Lease, _backoff, _end, _Request, notifies, unset
 
 logger = logging.getLogger("locks")
 P = ParamSpec("P")
@@ -218,22 +217,21 @@ async def atry_acquire(
 class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator):
     """What :func:`alock` returns: an async context manager (and decorator) holding a lease."""
 
-    def __init__(self, request: _Request, timeout: float | None, fixed_holder: bool) -> None:
+    def __init__(self, request: _Request, timeout: float | None, unset: frozenset[str]) -> None:
         self._request = request
         self._timeout = timeout
-        self._fixed_holder = fixed_holder
+        # Arguments left to their defaults, taken on entry (see LockContext): the holder
+        # is the entering task's, the settings those of the moment.
+        self._unset = unset
         # A stack: the same object may be entered again inside its own block.
         self._leases: list[Lease] = []
 
     def _recreate_cm(self) -> AsyncLockContext:
         # Used as a decorator, each call gets its own lease (and its own task's holder).
-        return AsyncLockContext(self._request, self._timeout, self._fixed_holder)
+        return AsyncLockContext(self._request, self._timeout, self._unset)
 
     async def __aenter__(self) -> Lease:
-        request = self._request
-        if not self._fixed_holder:
-            # The holder is that of the task entering the block, not of the one that built it.
-            request = replace(request, holder=task_holder())
+        request = self._request.with_defaults(self._unset, task_holder)
         lease = await _wait(request, self._timeout)
         self._leases.append(lease)
         return lease
@@ -272,7 +270,7 @@ def alock(
             await ship(order, fence=lease.token)
     """
     request = _build(name, ttl, holder, using, note, auto_renew)
-    return AsyncLockContext(request, validation.timeout_seconds(timeout), holder is not None)
+    return AsyncLockContext(request, validation.timeout_seconds(timeout), unset(ttl, holder, using))
 
 
 __all__ = [

@@ -106,6 +106,26 @@ class _Request:
             _ = conf.RENEW_FRACTION
         return cls(name, ttl, holder, _alias(using), validation.check_note(note), auto_renew)
 
+    def with_defaults(self, unset: frozenset[str], holder: Callable[[], str]) -> _Request:
+        """This request with what its caller left out taken anew: ``holder()`` for the
+        holder, the settings as they are now for ``ttl`` and ``using``.
+
+        For a lock() or alock() object entered later than it was built (a decorated
+        function, in any thread, under ``override_settings``).
+
+        Example::
+
+            request.with_defaults(frozenset({"holder", "ttl"}), default_holder)
+        """
+        changes: dict[str, Any] = {}
+        if "holder" in unset:
+            changes["holder"] = holder()
+        if "ttl" in unset:
+            changes["ttl"] = conf.DEFAULT_TTL
+        if "using" in unset:
+            changes["using"] = conf.DATABASE
+        return replace(self, **changes)
+
     def attempt(self, *, yield_to_queue: bool = False) -> Lease | None:
         started = time.monotonic()
         grant = _execute(
@@ -526,23 +546,22 @@ def try_acquire(
 class LockContext(ContextDecorator):
     """What :func:`lock` returns: a context manager (and decorator) that holds a lease."""
 
-    def __init__(self, request: _Request, timeout: float | None, fixed_holder: bool) -> None:
+    def __init__(self, request: _Request, timeout: float | None, unset: frozenset[str]) -> None:
         self._request = request
         self._timeout = timeout
-        self._fixed_holder = fixed_holder
+        # Arguments left to their defaults, taken on entry: the holder is the entering
+        # thread's, not the building one's (a function decorated at import time runs in
+        # many threads, and in forked children), and the settings are read when used.
+        self._unset = unset
         # A stack: the same object may be entered again inside its own block.
         self._leases: list[Lease] = []
 
     def _recreate_cm(self) -> LockContext:
         # Used as a decorator, each call (in any thread) gets its own lease.
-        return LockContext(self._request, self._timeout, self._fixed_holder)
+        return LockContext(self._request, self._timeout, self._unset)
 
     def __enter__(self) -> Lease:
-        request = self._request
-        if not self._fixed_holder:
-            # The holder is the entering thread's, not the building one's: a function
-            # decorated at import time runs in many threads, and in forked children.
-            request = replace(request, holder=default_holder())
+        request = self._request.with_defaults(self._unset, default_holder)
         lease = request.wait(self._timeout)
         self._leases.append(lease)
         return lease
@@ -583,7 +602,18 @@ def lock(
         def nightly_report(): ...
     """
     request = _Request.build(name, ttl, holder, using, note, auto_renew)
-    return LockContext(request, validation.timeout_seconds(timeout), holder is not None)
+    return LockContext(request, validation.timeout_seconds(timeout), unset(ttl, holder, using))
+
+
+def unset(ttl: Any, holder: Any, using: Any) -> frozenset[str]:
+    """Which of these arguments the caller left to their defaults (None).
+
+    Example::
+
+        unset(30, None, None)  # frozenset({"holder", "using"})
+    """
+    given = {"ttl": ttl, "holder": holder, "using": using}
+    return frozenset(key for key, value in given.items() if value is None)
 
 
 def is_locked(name: str, *, using: str | None = None) -> bool:

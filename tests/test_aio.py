@@ -66,6 +66,17 @@ async def _holder() -> str:
     return task_holder()
 
 
+def test_an_alock_built_before_the_settings_changed_reads_them_when_entered() -> None:
+    guard = locks.alock("aio:settings")
+
+    async def main() -> locks.Lease:
+        async with guard as lease:
+            return lease
+
+    with override_settings(LOCKS={"DEFAULT_TTL": 5}):
+        assert asyncio.run(main()).ttl == 5.0
+
+
 def test_alock_decorated_coroutines_never_overlap() -> None:
     spans: list[tuple[float, float]] = []
 

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connections
+from django.test import override_settings
 
 import locks
 from locks.models import Lock
@@ -319,6 +320,19 @@ def decorated_and_held_in_another_thread() -> Iterator[tuple[Callable[[], None],
         done.set()
         holder.join(10)
     assert errors == []
+
+
+def test_a_lock_built_before_the_settings_changed_reads_them_when_entered() -> None:
+    # As a function decorated at import time: ttl and database are the call's defaults.
+    guard = locks.lock("reports:settings")
+    explicit = locks.lock("reports:explicit", ttl=7, using="default")
+    with override_settings(LOCKS={"DEFAULT_TTL": 5, "DATABASE": "other"}):
+        with guard as lease:
+            assert (lease.ttl, lease.using) == (5.0, "other")
+            assert row("reports:settings", "other") is not None
+            assert row("reports:settings") is None
+        with explicit as lease:
+            assert (lease.ttl, lease.using) == (7.0, "default")
 
 
 def test_a_decorated_function_excludes_its_own_calls_in_other_threads() -> None:
