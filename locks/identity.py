@@ -48,7 +48,7 @@ def default_holder() -> str:
 
     Example::
 
-        default_holder()  # 'web-1:4242:140093:3:9f2c1a7b'
+        default_holder()  # 'web-1:4242:140093.3:9f2c1a7b'
     """
     holder: str | None = getattr(_local, "holder", None)
     if holder is None:
