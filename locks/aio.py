@@ -28,7 +28,17 @@ from django.db import connections
 
 from . import connection, validation, waiting
 from .identity import default_holder, unique_holder
-from .leases import RELEASED, Lease, _backoff, _end, _Request, notifies, unset
+from .leases import (
+    RELEASED,
+    Lease,
+    _backoff,
+    _end,
+    _Request,
+    enter_lease,
+    exit_lease,
+    notifies,
+    unset,
+)
 
 logger = logging.getLogger("locks")
 P = ParamSpec("P")
@@ -223,8 +233,6 @@ class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator
         # Arguments left to their defaults, taken on entry (see LockContext): the holder
         # is the entering task's, the settings those of the moment.
         self._unset = unset
-        # A stack: the same object may be entered again inside its own block.
-        self._leases: list[Lease] = []
 
     def _recreate_cm(self) -> AsyncLockContext:
         # Used as a decorator, each call gets its own lease (and its own task's holder).
@@ -233,7 +241,7 @@ class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator
     async def __aenter__(self) -> Lease:
         request = self._request.with_defaults(self._unset, task_holder)
         lease = await _wait(request, self._timeout)
-        self._leases.append(lease)
+        enter_lease(self, lease)
         return lease
 
     async def __aexit__(
@@ -242,7 +250,7 @@ class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease = self._leases.pop()
+        lease = exit_lease(self)
         if lease._state != RELEASED:
             # Shielded: a cancelled block still releases (the thread would finish it anyway).
             await asyncio.shield(run_sync(_end, lease, exc_type is not None))

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import ContextDecorator
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -543,6 +544,40 @@ def try_acquire(
     return _Request.build(name, ttl, holder, using, note, auto_renew).attempt()
 
 
+# The leases that lock()/alock() objects hold for this thread or asyncio task, innermost
+# last. Not a stack per object: one object may be shared (a module-level guard, a decorated
+# function) and entered in many threads and tasks at once, and each must release its own
+# lease, never one that another thread or task of the same object took over. Threads start
+# with an empty context and tasks with a copy of their creator's, so each sees only what it
+# entered itself. One variable for all objects: contexts keep every variable set in them.
+_entered: ContextVar[tuple[tuple[object, Lease], ...]] = ContextVar("locks_entered", default=())
+
+
+def enter_lease(owner: object, lease: Lease) -> None:
+    """Record that ``owner`` (a lock()/alock() object) holds ``lease`` in this thread or task.
+
+    Example::
+
+        enter_lease(self, lease)  # in __enter__, once the lease is held
+    """
+    _entered.set((*_entered.get(), (owner, lease)))
+
+
+def exit_lease(owner: object) -> Lease:
+    """Forget and return the innermost lease ``owner`` holds in this thread or task.
+
+    Example::
+
+        lease = exit_lease(self)  # in __exit__, before releasing it
+    """
+    entered = _entered.get()
+    for index in range(len(entered) - 1, -1, -1):
+        if entered[index][0] is owner:
+            _entered.set(entered[:index] + entered[index + 1 :])
+            return entered[index][1]
+    raise RuntimeError("a lock block ended in a thread or task that did not enter it")
+
+
 class LockContext(ContextDecorator):
     """What :func:`lock` returns: a context manager (and decorator) that holds a lease."""
 
@@ -553,8 +588,6 @@ class LockContext(ContextDecorator):
         # thread's, not the building one's (a function decorated at import time runs in
         # many threads, and in forked children), and the settings are read when used.
         self._unset = unset
-        # A stack: the same object may be entered again inside its own block.
-        self._leases: list[Lease] = []
 
     def _recreate_cm(self) -> LockContext:
         # Used as a decorator, each call (in any thread) gets its own lease.
@@ -563,7 +596,7 @@ class LockContext(ContextDecorator):
     def __enter__(self) -> Lease:
         request = self._request.with_defaults(self._unset, default_holder)
         lease = request.wait(self._timeout)
-        self._leases.append(lease)
+        enter_lease(self, lease)
         return lease
 
     def __exit__(
@@ -572,7 +605,7 @@ class LockContext(ContextDecorator):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease = self._leases.pop()
+        lease = exit_lease(self)
         if lease._state != RELEASED:
             _end(lease, exc_type is not None)
 

@@ -66,6 +66,39 @@ async def _holder() -> str:
     return task_holder()
 
 
+def test_one_alock_object_shared_by_tasks_releases_each_tasks_own_lease() -> None:
+    guard = locks.alock("aio:shared", ttl=0.5, timeout=10)
+
+    async def main() -> tuple[str, bool, bool]:
+        b_in, b_go = asyncio.Event(), asyncio.Event()
+        b_lease: list[locks.Lease] = []
+
+        async def a() -> str:
+            try:
+                async with guard:
+                    await b_in.wait()  # B takes the lock over once A's lease expired
+            except locks.LockLost:
+                return "lost"
+            return "released"
+
+        async def b() -> None:
+            async with guard as lease:
+                b_lease.append(lease)
+                b_in.set()
+                await b_go.wait()
+
+        first = asyncio.create_task(a())
+        await asyncio.sleep(0.1)
+        second = asyncio.create_task(b())
+        outcome = await first
+        b_still_holds = await run_sync(locks.check_token, "aio:shared", b_lease[0].token)
+        b_go.set()
+        await second
+        return outcome, b_still_holds, await run_sync(locks.is_locked, "aio:shared")
+
+    assert asyncio.run(main()) == ("lost", True, False)
+
+
 def test_an_alock_built_before_the_settings_changed_reads_them_when_entered() -> None:
     guard = locks.alock("aio:settings")
 

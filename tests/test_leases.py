@@ -322,6 +322,43 @@ def decorated_and_held_in_another_thread() -> Iterator[tuple[Callable[[], None],
     assert errors == []
 
 
+def test_one_lock_object_shared_by_threads_releases_each_threads_own_lease() -> None:
+    # A module-level guard: A holds it past its TTL, B takes it over, then A's block ends.
+    guard = locks.lock("orders:shared", ttl=0.5, timeout=10)
+    a_in, b_in, a_out, b_go = (threading.Event() for _ in range(4))
+    outcomes: dict[str, object] = {}
+
+    def a() -> None:
+        try:
+            with guard:
+                a_in.set()
+                b_in.wait(10)
+        except locks.LockLost:
+            outcomes["a"] = "lost"
+        a_out.set()
+
+    def b() -> None:
+        with guard as lease:
+            outcomes["b"] = lease
+            b_in.set()
+            b_go.wait(10)
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    threads[0].start()
+    assert a_in.wait(10)
+    threads[1].start()
+    assert a_out.wait(10)
+    held = row("orders:shared")
+    b_lease = outcomes["b"]
+    assert isinstance(b_lease, locks.Lease)
+    assert outcomes.get("a") == "lost"  # A learns its lease expired and went to B...
+    assert held is not None and held.holder == b_lease.holder  # ...and leaves B's alone
+    b_go.set()
+    for thread in threads:
+        thread.join(10)
+    assert row("orders:shared") is None
+
+
 def test_a_lock_built_before_the_settings_changed_reads_them_when_entered() -> None:
     # As a function decorated at import time: ttl and database are the call's defaults.
     guard = locks.lock("reports:settings")
