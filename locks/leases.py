@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 import random
 import threading
 import time
@@ -312,6 +313,8 @@ class Lease:
         self._local_deadline = local_deadline
         self._state = HELD
         self._mutex = threading.Lock()
+        # A forked child inherits this object, but the holding is the parent's.
+        self._pid = os.getpid()
 
     def __repr__(self) -> str:
         return (
@@ -356,6 +359,15 @@ class Lease:
         if self._state == LOST:
             raise LockLost(f"lease on lock {self.name!r} (token {self.token}) was lost")
 
+    def _refuse_in_a_child(self) -> None:
+        # Before the mutex: a fork taken while the parent's watchdog renewed leaves it
+        # locked in the child for good.
+        if os.getpid() != self._pid:
+            raise LockError(
+                f"lease on lock {self.name!r} (token {self.token}) belongs to process "
+                f"{self._pid}: a forked child can neither renew nor release it"
+            )
+
     def _lost_error(self, why: str) -> LockLost:
         return LockLost(
             f"lock {self.name!r} is no longer held by {self.holder!r} "
@@ -374,6 +386,7 @@ class Lease:
                 lease.renew()
         """
         seconds = self.ttl if ttl is None else validation.ttl_seconds(ttl)
+        self._refuse_in_a_child()
         with self._mutex:
             self._refuse_if_over()
             started = time.monotonic()
@@ -407,6 +420,7 @@ class Lease:
             finally:
                 lease.release()
         """
+        self._refuse_in_a_child()
         with self._mutex:
             if self._state == RELEASED:
                 raise LockError(
@@ -485,6 +499,9 @@ class Lease:
 
 def _end(lease: Lease, failing: bool) -> None:
     """Release at the end of a ``with`` block without masking the block's own exception."""
+    if os.getpid() != lease._pid:
+        # A child forked inside the block leaves it too: the lease stays its parent's.
+        return
     lost_meanwhile = lease.lost
     try:
         lease.release()

@@ -402,6 +402,37 @@ def test_a_decorated_function_excludes_its_own_calls_in_forked_children() -> Non
     assert not locks.is_locked("orders:1")
 
 
+def _what_a_child_can_do_with(lease: locks.Lease) -> int:
+    """In a forked child: 0 if it can neither renew nor release its parent's lease."""
+    for attempt in (lease.renew, lease.release):
+        try:
+            attempt()
+        except locks.LockError as exc:
+            if "forked child" not in str(exc):
+                return 2
+        else:
+            return 3
+    return 0
+
+
+def test_a_forked_child_neither_renews_nor_releases_its_parents_lease() -> None:
+    pid, code = -1, 1
+    try:
+        with locks.lock("orders:forked", ttl=30) as lease:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child reports by its exit code
+                code = _what_a_child_can_do_with(lease)
+            else:
+                _, status = os.waitpid(pid, 0)
+                assert os.waitstatus_to_exitcode(status) == 0
+                assert Lock.objects.get(name="orders:forked").token == lease.token
+    finally:
+        if pid == 0:  # pragma: no cover
+            # Out of the block now, as the parent will be: its end left the lease alone.
+            os._exit(code or (0 if locks.is_locked("orders:forked") else 4))
+    assert not locks.is_locked("orders:forked")
+
+
 def test_one_lock_object_entered_again_inside_its_block_releases_both_holdings() -> None:
     guard = locks.lock("orders:1", ttl=30)
     with guard as outer:
