@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import logging
 import math
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("locks")
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 HELD, RELEASED, LOST = "held", "released", "lost"
 
@@ -609,6 +611,27 @@ class LockContext(ContextDecorator):
     def _recreate_cm(self) -> LockContext:
         # Used as a decorator, each call (in any thread) gets its own lease.
         return LockContext(self._request, self._timeout, self._unset)
+
+    def __call__(self, func: F) -> F:
+        # Calling one of these only makes a coroutine or generator: the lock would be
+        # held for that, and released before the body ran.
+        kind = (
+            "coroutine"
+            if inspect.iscoroutinefunction(func)
+            else "async generator"
+            if inspect.isasyncgenfunction(func)
+            else "generator"
+            if inspect.isgeneratorfunction(func)
+            else None
+        )
+        if kind is not None:
+            raise TypeError(
+                f"@locks.lock() on {getattr(func, '__qualname__', func)!r}, "
+                f"{'an' if kind[0] == 'a' else 'a'} {kind} function, would hold the lock "
+                f"only while the call makes the {kind}, not while it runs: use "
+                "@locks.alock() on async def, or hold the lock inside the generator"
+            )
+        return super().__call__(func)
 
     def __enter__(self) -> Lease:
         request = self._request.with_defaults(self._unset, default_holder)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
@@ -370,6 +370,25 @@ def test_a_lock_built_before_the_settings_changed_reads_them_when_entered() -> N
             assert row("reports:settings") is None
         with explicit as lease:
             assert (lease.ttl, lease.using) == (7.0, "default")
+
+
+def test_lock_refuses_to_decorate_what_runs_after_the_call_returns() -> None:
+    async def coroutine() -> None: ...
+
+    async def async_generator() -> AsyncIterator[int]:
+        yield 1
+
+    def generator() -> Iterator[int]:
+        yield 1
+
+    for function, kind in [
+        (coroutine, "a coroutine"),
+        (async_generator, "an async generator"),
+        (generator, "a generator"),
+    ]:
+        with pytest.raises(TypeError, match=f"{kind} function.*locks.alock"):
+            locks.lock("orders:1")(function)
+    assert not Lock.objects.exists()
 
 
 def test_a_decorated_function_excludes_its_own_calls_in_other_threads() -> None:
