@@ -62,8 +62,14 @@ class Listener:
             self._waiters.setdefault(name, set()).add(event)
             if self._thread is None or not self._thread.is_alive():
                 self._stop.clear()
+                # Each thread its own flag: an idle thread on its way out clears its own,
+                # not the one of the thread that replaces it (which may already listen).
+                self._ready = threading.Event()
                 self._thread = threading.Thread(
-                    target=self._run, name=f"locks-listener-{self.alias}", daemon=True
+                    target=self._run,
+                    args=(self._ready,),
+                    name=f"locks-listener-{self.alias}",
+                    daemon=True,
                 )
                 self._thread.start()
         self.wait_listening(wait)
@@ -102,14 +108,14 @@ class Listener:
         for event in events:
             event.set()
 
-    def _run(self) -> None:
+    def _run(self, ready: threading.Event) -> None:
         idle_since = time.monotonic()
         while not self._stop.is_set():
             # Not the alias's ORM settings: with AUTOCOMMIT = False the LISTEN would wait
             # for a commit, and from Django's pool it would hold a slot while anyone waits.
             wrapper = connection.session(self.alias)
             try:
-                self._listen(wrapper)
+                self._listen(wrapper, ready)
                 # Releases may have gone unnoticed while there was no LISTEN.
                 self._wake(None)
                 self._serve(wrapper, idle_since)
@@ -124,13 +130,13 @@ class Listener:
                 idle_since = still
                 self._stop.wait(1.0)
             finally:
-                self._ready.clear()
+                ready.clear()
                 wrapper.close()
 
-    def _listen(self, wrapper: BaseDatabaseWrapper) -> None:
+    def _listen(self, wrapper: BaseDatabaseWrapper, ready: threading.Event) -> None:
         wrapper.ensure_connection()
         for_connection(wrapper).listen(wrapper.connection)
-        self._ready.set()
+        ready.set()
 
     def _serve(self, wrapper: BaseDatabaseWrapper, idle_since: float) -> None:
         backend = for_connection(wrapper)
