@@ -308,48 +308,47 @@ def test_processes_creating_and_taking_the_same_new_rows_never_overlap(
     assert RowLock.objects.count() == len(names)
 
 
-@pytest.mark.skipif(
+NEEDS_INSERT_DEADLOCK = pytest.mark.skipif(
     not BACKEND.creates_row_in_transaction,
     reason="only where a new row is inserted inside the caller's transaction (MariaDB) can "
     "sessions that create it at once deadlock",
 )
-def test_sessions_that_deadlock_creating_one_new_row_both_get_the_lock(
-    start: Callable[..., Remote], tmp_path: Path
-) -> None:
+
+
+def deadlock_creating(
+    start: Callable[..., Remote], tmp_path: Path, write_first: list[str]
+) -> list[dict[str, Any]]:
+    """Two sessions that create row lock "new" at once, with ``write_first`` each (see
+    ``lock_after_pause``): both wait for a third's insert, get shared locks together,
+    then each wants the row exclusively: a deadlock. Their events, in order."""
     gate = tmp_path / "go"
     late = [start(), start()]
-    for worker in late:  # both found no row and stop right before inserting it
-        worker.send("lock_after_pause", name="new", gate=str(gate))
+    for worker, write in zip(late, write_first, strict=True):
+        # Both found no row and stop right before inserting it.
+        worker.send("lock_after_pause", name="new", gate=str(gate), write_first=write)
         assert worker.reply()["event"] == "paused"
     first = holding(start, "new")  # inserts the row; not committed yet
     gate.touch()
-    time.sleep(0.5)  # both inserts now wait for the first; they get shared locks together
+    time.sleep(0.5)  # both inserts now wait for the first
     first.call("commit")
-    for worker in late:  # each then wants the row exclusively: a deadlock, and a retry
-        event = worker.reply()
+    return [worker.reply() for worker in late]
+
+
+@NEEDS_INSERT_DEADLOCK
+def test_sessions_that_deadlock_creating_one_new_row_both_get_the_lock(
+    start: Callable[..., Remote], tmp_path: Path
+) -> None:
+    for event in deadlock_creating(start, tmp_path, ["", ""]):  # the deadlock is retried
         assert event["ok"] and event["locked"], event
 
 
-@pytest.mark.skipif(
-    not BACKEND.creates_row_in_transaction,
-    reason="only where a new row is inserted inside the caller's transaction (MariaDB) can "
-    "sessions that create it at once deadlock",
-)
+@NEEDS_INSERT_DEADLOCK
 def test_a_deadlock_in_a_manual_transaction_is_not_retried_over_its_lost_writes(
     start: Callable[..., Remote], tmp_path: Path
 ) -> None:
     # With autocommit off (Django's manual transactions), the deadlock rolls back the
     # caller's whole transaction: a retry would go on in a new one as if nothing was lost.
-    gate = tmp_path / "go"
-    late = [start(), start()]
-    for number, worker in enumerate(late):
-        worker.send("lock_after_pause", name="new", gate=str(gate), write_first=f"w{number}")
-        assert worker.reply()["event"] == "paused"
-    first = holding(start, "new")
-    gate.touch()
-    time.sleep(0.5)
-    first.call("commit")
-    events = [worker.reply() for worker in late]
+    events = deadlock_creating(start, tmp_path, ["w0", "w1"])
     for event in events:
         assert (event["ok"] and event["kept"]) or "Deadlock" in event["message"], event
     assert any(not event["ok"] for event in events), events
