@@ -185,32 +185,25 @@ def test_timeout_raises_lock_busy_after_about_the_timeout(start: Callable[..., R
     assert 0.45 <= elapsed < PROMPTLY
 
 
+@pytest.mark.parametrize(
+    "timeout",
+    # 30 days: more milliseconds than PostgreSQL's lock_timeout and SQLite's busy_timeout
+    # take (2**31 - 1); PostgreSQL refused it, SQLite read it as "do not wait".
+    [None, 30 * 24 * 3600],
+    ids=["no timeout", "beyond the servers' longest wait"],
+)
 def test_a_waiter_gets_the_row_lock_right_after_the_holder_commits(
-    start: Callable[..., Remote],
+    start: Callable[..., Remote], timeout: float | None
 ) -> None:
     holder = holding(start, "orders:7")
     holder.send("commit", delay=1.0)
     started = time.monotonic()
-    with locks.row_lock("orders:7"):
+    with locks.row_lock("orders:7", timeout=timeout):
         got_at = time.time()
     committed = holder.reply()
     assert committed["ok"]
     assert time.monotonic() - started >= 0.5, "it must have waited for the holder"
     assert committed["committing_at"] <= got_at < committed["committing_at"] + PROMPTLY
-
-
-def test_a_timeout_beyond_the_servers_longest_wait_still_waits(
-    start: Callable[..., Remote],
-) -> None:
-    # 30 days: more milliseconds than PostgreSQL's lock_timeout and SQLite's busy_timeout
-    # take (2**31 - 1); PostgreSQL refused it, SQLite read it as "do not wait".
-    holder = holding(start, "orders:18")
-    holder.send("commit", delay=1.0)
-    started = time.monotonic()
-    with locks.row_lock("orders:18", timeout=30 * 24 * 3600) as row:
-        assert row is not None
-    assert holder.reply()["ok"]
-    assert time.monotonic() - started >= 0.5, "it must have waited for the holder"
 
 
 def test_a_killed_holder_frees_the_row_lock(start: Callable[..., Remote]) -> None:
