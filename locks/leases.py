@@ -317,6 +317,9 @@ class Lease:
         self._mutex = threading.Lock()
         # A forked child inherits this object, but the holding is the parent's.
         self._pid = os.getpid()
+        # Set once a release was tried: the auto-renew watchdog stops renewing, also when
+        # the release failed (the holder wanted it over; it expires by itself then).
+        self._releasing = False
 
     def __repr__(self) -> str:
         return (
@@ -428,6 +431,7 @@ class Lease:
                 raise LockError(
                     f"lease on lock {self.name!r} (token {self.token}) was already released"
                 )
+            self._releasing = True
             outcome = _execute(
                 self.using,
                 "release",

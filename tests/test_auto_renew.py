@@ -9,12 +9,16 @@ import time
 import weakref
 
 import pytest
+from django.db import DatabaseError
 
 import locks
 from locks import watchdog
+from locks.conf import conf
 from locks.models import Lock
+from tests import pgbouncer
 from tests.conftest import finish, spawn
-from tests.faults import hold_write_lock
+from tests.faults import hold_write_lock, kill_session
+from tests.workers_reliability import SESSION_ID
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,6 +74,21 @@ def test_watchdog_stops_renewing_after_release() -> None:
     assert not locks.is_locked("orders:1")
     assert Lock.objects.get(name="orders:1").expires_at == first_expiry
     assert wait_for(lambda: not watchdog._watchdog._queue, 2)
+
+
+def test_a_release_that_fails_stops_the_renewals_and_the_lease_runs_out(backend: str) -> None:
+    if backend == "sqlite" or pgbouncer.ENABLED:
+        pytest.skip("a server session of the app's own to end: PostgreSQL and MariaDB")
+    lease = locks.acquire("orders:1", ttl=1, auto_renew=True)
+    own = locks.connection.get(conf.DATABASE)
+    with own.cursor() as cursor:
+        cursor.execute(SESSION_ID[own.vendor])
+        (session,) = cursor.fetchone()
+    kill_session(session)  # the release's statement cannot reach the server
+    with pytest.raises(DatabaseError):
+        lease.release()
+    # The watchdog (on a connection of its own) must not keep it alive: the holder is done.
+    assert wait_for(lambda: not locks.is_locked("orders:1"), 5)
 
 
 def test_a_release_that_races_a_due_renewal_stops_no_other_renewals() -> None:
