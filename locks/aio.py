@@ -15,6 +15,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -44,7 +45,6 @@ logger = logging.getLogger("locks")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_background: set[asyncio.Future[None]] = set()
 _task_holders: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
 
 
@@ -101,21 +101,35 @@ def _release_quietly(lease: Lease) -> None:
 
 
 async def _attempt(attempt: Callable[[], T]) -> T:
-    """One attempt; if the caller is cancelled meanwhile, a lease it won is released."""
-    future = asyncio.ensure_future(run_sync(attempt))
+    """One attempt; if the caller is cancelled meanwhile, a lease it won is released.
+
+    The attempt runs on in its worker thread whatever happens to the caller, and the
+    event loop may be gone by the time it ends (``asyncio.run`` cancelling every task at
+    shutdown): so whichever of the thread and the cancelled caller comes second gives the
+    lease back, the thread at once, the caller in a thread of its own.
+    """
+    mutex = threading.Lock()
+    handed: list[T] = []  # what the thread won, once it has finished
+    abandoned = False
+
+    def run() -> T:
+        won = attempt()
+        with mutex:
+            if not abandoned:
+                handed.append(won)
+                return won
+        if isinstance(won, Lease):
+            _release_quietly(won)
+        return won
+
     try:
-        return await asyncio.shield(future)
+        return await asyncio.shield(asyncio.ensure_future(run_sync(run)))
     except asyncio.CancelledError:
-
-        def release_won(done: asyncio.Future[T]) -> None:
-            if not done.cancelled() and done.exception() is None:
-                won = done.result()
-                if isinstance(won, Lease):
-                    cleanup = asyncio.ensure_future(run_sync(_release_quietly, won))
-                    _background.add(cleanup)  # the loop keeps only weak references
-                    cleanup.add_done_callback(_background.discard)
-
-        future.add_done_callback(release_won)
+        with mutex:
+            abandoned = True
+            won = handed[0] if handed else None
+        if isinstance(won, Lease):
+            threading.Thread(target=_release_quietly, args=(won,), name="locks-release").start()
         raise
 
 

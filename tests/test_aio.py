@@ -25,6 +25,7 @@ from locks.identity import default_holder
 from locks.models import Lock
 from tests import pgbouncer
 from tests.conftest import ROOT, finish, spawn, worker_env
+from tests.faults import hold_write_lock
 from tests.test_decorators import OTHER, http, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -184,6 +185,23 @@ def test_a_lease_won_by_a_cancelled_acquire_is_released() -> None:
         return bool(await run_sync(locks.is_locked, "aio:cancelled"))
 
     assert asyncio.run(main()) is False, "the lease the cancelled task won was left behind"
+
+
+def test_a_lease_won_after_its_event_loop_shut_down_is_released() -> None:
+    # asyncio.run() cancels every task left at its end, the attempt's own among them; the
+    # attempt's worker thread then finishes by itself, with a lease nobody will release.
+    locks.acquire("aio:shutdown", ttl=0.05, holder=OTHER)
+    time.sleep(0.1)  # an expired row, whose takeover must wait for the blocker below
+    blocker = hold_write_lock("aio:shutdown", 1.0)
+
+    async def main() -> None:
+        acquiring = asyncio.create_task(locks.aacquire("aio:shutdown", ttl=60))
+        await asyncio.sleep(0.3)  # the attempt is waiting in its thread; main ends now
+        assert not acquiring.done()
+
+    asyncio.run(main())
+    blocker.join()
+    assert wait_until(lambda: not locks.is_locked("aio:shutdown"), 10), "left behind"
 
 
 def test_waiting_for_a_busy_lock_does_not_block_the_event_loop() -> None:
