@@ -37,6 +37,9 @@ _HASHED_PREFIX = validation.MAX_NAME_LENGTH - len(":sha256:") - 64
 # Set on a worker's (or eager) request once its run holds the lease; Celery makes a new
 # request object per run, retries included.
 _RUN_MARK = "locks_run_entered"
+# Set on a run's request when it replaced itself (Task.replace) by a run of the same key,
+# which takes the lease over: the run's end then leaves it alone.
+_HANDED_OVER = "locks_handed_over"
 
 
 def fit_key(key: str) -> str:
@@ -331,8 +334,27 @@ class SingletonTask(Task[..., Any]):
             retrying = True  # the retry is queued under the same task id: keep the lock
             raise
         finally:
-            if not retrying:
+            if not retrying and not getattr(request, _HANDED_OVER, False):
                 _release_quietly(lease, f"task {self.name}[{request.id}] ended", entirely=True)
+
+    def on_replace(self, sig: Any) -> Any:
+        """Replaced (``self.replace(...)``) by a run of this task with the same key, the run
+        hands its lease over, as a retry keeps it; other replacements change nothing.
+
+        Example::
+
+            raise self.replace(self.s(invoice_id, attempt + 1))  # the same lock_key
+        """
+        request = self.request
+        if getattr(request, _RUN_MARK, False) and getattr(sig, "task", None) == self.name:
+            key = self._run_key(tuple(request.args or ()), dict(request.kwargs or {}))
+            if self.lock_name(sig.args, sig.kwargs) == key:
+                # The replacement goes out under this run's task id: with the key header,
+                # apply_async takes it for the re-enqueue it is, not for a duplicate.
+                headers = {**(sig.options.get("headers") or {}), KEY_HEADER: key}
+                sig.set(headers=headers)
+                setattr(request, _HANDED_OVER, True)
+        return super().on_replace(sig)
 
     def _enter_run(
         self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -114,3 +114,11 @@ def walk(self: SingletonTask, label: str, depth: int, gate: str = "") -> None:
     _wait_for(gate)
     run.finished = True
     run.save(update_fields=["finished"])
+
+
+@shared_task(bind=True, base=SingletonTask, name="tests.replace_self", lock_key="replace:{label}")
+def replace_self(self: SingletonTask, label: str, times: int) -> None:
+    """Record a run, then replace it ``times`` times by a run of the same key."""
+    _record(self, label)
+    if times:
+        raise self.replace(self.s(label, times - 1))

@@ -267,6 +267,21 @@ def test_direct_call_inside_a_run_keeps_the_runs_lock(worker: Worker, tmp_path: 
     assert f"task tests.walk[{first.id}] ended, but lock" not in worker.process.text()
 
 
+def test_a_run_that_replaces_itself_hands_its_lock_to_the_replacement(
+    worker: Worker, tmp_path: Path
+) -> None:
+    task = singleton(worker.app, "tests.replace_self")
+    key = task.lock_name(("handover", 1))
+    first = task.delay("handover", 1)
+    runs = CeleryRun.objects.filter(label="handover")
+    wait_until(lambda: runs.count() == 2, what="the replacement's run")
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")
+    drain(worker, tmp_path)
+    assert list(runs.values_list("task_id", flat=True)) == [first.id, first.id]
+    assert "ended, but lock" not in worker.process.text()
+    assert "skipping task" not in worker.process.text()
+
+
 def test_enqueue_under_the_task_id_of_a_running_run_is_a_duplicate(
     worker: Worker, tmp_path: Path
 ) -> None:
