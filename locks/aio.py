@@ -31,12 +31,11 @@ from . import connection, validation, waiting
 from .identity import default_holder, unique_holder
 from .leases import (
     RELEASED,
+    Entered,
     Lease,
     _backoff,
     _end,
     _Request,
-    enter_lease,
-    exit_lease,
     notifies,
     unset,
 )
@@ -238,10 +237,11 @@ async def atry_acquire(
     return await _attempt(_build(name, ttl, holder, using, note, auto_renew).attempt)
 
 
-class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator):
+class AsyncLockContext(Entered, AbstractAsyncContextManager[Lease], AsyncContextDecorator):
     """What :func:`alock` returns: an async context manager (and decorator) holding a lease."""
 
     def __init__(self, request: _Request, timeout: float | None, unset: frozenset[str]) -> None:
+        super().__init__()
         self._request = request
         self._timeout = timeout
         # Arguments left to their defaults, taken on entry (see LockContext): the holder
@@ -255,7 +255,7 @@ class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator
     async def __aenter__(self) -> Lease:
         request = self._request.with_defaults(self._unset, task_holder)
         lease = await _wait(request, self._timeout)
-        enter_lease(self, lease)
+        self._push(lease)
         return lease
 
     async def __aexit__(
@@ -264,7 +264,7 @@ class AsyncLockContext(AbstractAsyncContextManager[Lease], AsyncContextDecorator
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease = exit_lease(self)
+        lease = self._pop()
         if lease._state != RELEASED:
             # Shielded: a cancelled block still releases (the thread would finish it anyway).
             await asyncio.shield(run_sync(_end, lease, exc_type is not None))

@@ -576,35 +576,42 @@ def try_acquire(
 _entered: ContextVar[tuple[tuple[object, Lease], ...]] = ContextVar("locks_entered", default=())
 
 
-def enter_lease(owner: object, lease: Lease) -> None:
-    """Record that ``owner`` (a lock()/alock() object) holds ``lease`` in this thread or task.
+class Entered:
+    """The leases a lock()/alock() object holds, each released where it was taken.
 
     Example::
 
-        enter_lease(self, lease)  # in __enter__, once the lease is held
+        self._push(lease)  # in __enter__, once the lease is held
+        lease = self._pop()  # in __exit__, before releasing it
     """
-    _entered.set((*_entered.get(), (owner, lease)))
+
+    def __init__(self) -> None:
+        self._held: list[Lease] = []  # in every thread and task, in the order taken
+
+    def _push(self, lease: Lease) -> None:
+        self._held.append(lease)
+        _entered.set((*_entered.get(), (self, lease)))
+
+    def _pop(self) -> Lease:
+        entered = _entered.get()
+        for index in range(len(entered) - 1, -1, -1):
+            if entered[index][0] is self:
+                lease = entered[index][1]
+                _entered.set(entered[:index] + entered[index + 1 :])
+                break
+        else:
+            # A block that ends in another thread than it began in (a generator resumed
+            # elsewhere) finds nothing here: then the object's innermost lease.
+            lease = self._held[-1]
+        self._held.remove(lease)
+        return lease
 
 
-def exit_lease(owner: object) -> Lease:
-    """Forget and return the innermost lease ``owner`` holds in this thread or task.
-
-    Example::
-
-        lease = exit_lease(self)  # in __exit__, before releasing it
-    """
-    entered = _entered.get()
-    for index in range(len(entered) - 1, -1, -1):
-        if entered[index][0] is owner:
-            _entered.set(entered[:index] + entered[index + 1 :])
-            return entered[index][1]
-    raise RuntimeError("a lock block ended in a thread or task that did not enter it")
-
-
-class LockContext(ContextDecorator):
+class LockContext(Entered, ContextDecorator):
     """What :func:`lock` returns: a context manager (and decorator) that holds a lease."""
 
     def __init__(self, request: _Request, timeout: float | None, unset: frozenset[str]) -> None:
+        super().__init__()
         self._request = request
         self._timeout = timeout
         # Arguments left to their defaults, taken on entry: the holder is the entering
@@ -640,7 +647,7 @@ class LockContext(ContextDecorator):
     def __enter__(self) -> Lease:
         request = self._request.with_defaults(self._unset, default_holder)
         lease = request.wait(self._timeout)
-        enter_lease(self, lease)
+        self._push(lease)
         return lease
 
     def __exit__(
@@ -649,7 +656,7 @@ class LockContext(ContextDecorator):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease = exit_lease(self)
+        lease = self._pop()
         if lease._state != RELEASED:
             _end(lease, exc_type is not None)
 

@@ -359,6 +359,31 @@ def test_one_lock_object_shared_by_threads_releases_each_threads_own_lease() -> 
     assert row("orders:shared") is None
 
 
+def test_a_lock_block_that_ends_in_another_thread_releases_its_lease() -> None:
+    # A generator holding the lock, resumed to its end by another thread.
+    def holding() -> Iterator[None]:
+        with locks.lock("orders:moved", ttl=30):
+            yield
+
+    steps = holding()
+    next(steps)
+    assert locks.is_locked("orders:moved")
+    ended: list[BaseException | None] = []
+
+    def finish() -> None:
+        try:
+            next(steps, None)
+            ended.append(None)
+        except BaseException as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=finish)
+    thread.start()
+    thread.join(10)
+    assert ended == [None]
+    assert not locks.is_locked("orders:moved")
+
+
 def test_a_lock_built_before_the_settings_changed_reads_them_when_entered() -> None:
     # As a function decorated at import time: ttl and database are the call's defaults.
     guard = locks.lock("reports:settings")
