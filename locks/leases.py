@@ -785,23 +785,32 @@ def reap_expired(
 
 
 @dataclass(frozen=True)
-class Reaped:
-    """What a run of reaper batches did (see :func:`reap_batches`)."""
+class ReapReport:
+    """What one reaper run did: rows deleted, batches run, and how long they took.
+
+    Example::
+
+        report = locks.tasks.reap(batch_size=1000, time_budget=30)
+        report.deleted, report.batches, report.longest_batch
+    """
 
     deleted: int
     batches: int
     longest_batch: float
+    elapsed: float
+    database: str
     finished: bool  # False when the time budget ran out with expired rows possibly left
 
 
-def reap_batches(size: int, alias: str, budget: float | None) -> Reaped:
+def reap_batches(size: int, alias: str, budget: float | None) -> ReapReport:
     """The reaper's loop, for arguments already checked: every way of reaping runs this.
 
     Example::
 
         reap_batches(1000, "default", 30.0).deleted
     """
-    deadline = None if budget is None else time.monotonic() + budget
+    began = time.monotonic()
+    deadline = None if budget is None else began + budget
     deleted = batches = 0
     longest = 0.0
     while True:
@@ -820,7 +829,8 @@ def reap_batches(size: int, alias: str, budget: float | None) -> Reaped:
         finished = count < size
         pause = took if writers_poll else 0.0
         if finished or (deadline is not None and time.monotonic() + pause >= deadline):
-            return Reaped(deleted, batches, longest, finished)
+            elapsed = time.monotonic() - began
+            return ReapReport(deleted, batches, longest, elapsed, alias, finished)
         # Where waiting writers poll rather than queue (SQLite), leave the database to them
         # as long as the batch held it, or an acquire could wait through many batches.
         time.sleep(pause)

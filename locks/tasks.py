@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
 from datetime import timedelta
 
 from celery import shared_task
 
 from . import leases, validation
 from .conf import conf
+from .leases import ReapReport
 
 logger = logging.getLogger("locks.tasks")
 
-
-@dataclass(frozen=True)
-class ReapReport:
-    """What one reaper run did: rows deleted, batches run, and how long they took.
-
-    Example::
-
-        report = reap(batch_size=1000, time_budget=30)
-        report.deleted, report.batches, report.longest_batch
-    """
-
-    deleted: int
-    batches: int
-    longest_batch: float
-    elapsed: float
-    database: str
-    finished: bool  # False when the time budget ran out with expired rows possibly left
+__all__ = ["ReapReport", "reap", "reap_expired"]  # ReapReport: made by leases.reap_batches
 
 
 def reap(
@@ -59,16 +42,7 @@ def reap(
         conf.REAP_TIME_BUDGET if time_budget is None else validation.timeout_seconds(time_budget)
     )
     alias = conf.DATABASE if using is None else validation.check_alias(using)
-    started = time.monotonic()
-    reaped = leases.reap_batches(size, alias, budget)
-    return ReapReport(
-        reaped.deleted,
-        reaped.batches,
-        reaped.longest_batch,
-        time.monotonic() - started,
-        alias,
-        reaped.finished,
-    )
+    return leases.reap_batches(size, alias, budget)
 
 
 @shared_task(name="locks.reap_expired", ignore_result=False)
