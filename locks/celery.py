@@ -425,28 +425,23 @@ def _release_revoked(sender: Any = None, request: Any = None, **signal_info: Any
     if not isinstance(key, str):
         return  # sent around apply_async: it never took a lease
     try:
-        ttl, alias, _ = sender._lock_options()
-        # Re-entering proves the holding is still this task id's own (one statement, no
-        # read-then-write); another holder's lease is left alone. Should the key be free,
-        # this takes it for a moment and gives it straight back.
-        lease = leases.try_acquire(
-            validation.check_name(key), ttl=ttl, holder=task_id, using=alias, note=sender._note()
-        )
+        _, alias, _ = sender._lock_options()
+        released = leases.release_holding(validation.check_name(key), task_id, alias)
     except (TypeError, ValueError, DatabaseError, LockError):
         logger.exception(
             "task %s[%s] was revoked, but freeing lock %r failed", sender.name, task_id, key
         )
         return
-    if lease is None:
+    if released:
+        logger.info("task %s[%s] was revoked: released lock %r", sender.name, task_id, key)
+    else:
         logger.info(
-            "task %s[%s] was revoked; lock %r is another holder's now: left alone",
+            "task %s[%s] was revoked; lock %r is not its own (free or another holder's): "
+            "left alone",
             sender.name,
             task_id,
             key,
         )
-        return
-    _release_quietly(lease, f"task {sender.name}[{task_id}] was revoked", entirely=True)
-    logger.info("task %s[%s] was revoked: released lock %r", sender.name, task_id, key)
 
 
 # Connected on import: every process that runs a SingletonTask has imported this module

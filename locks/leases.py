@@ -762,6 +762,20 @@ def break_lock(name: str, *, using: str | None = None, token: int | None = None)
     return broken
 
 
+def release_holding(name: str, holder: str, alias: str) -> bool:
+    """Delete ``holder``'s holding of ``name`` with all its re-entries; True if it went.
+
+    For a holder that has no Lease object to release with (a revoked Celery message): one
+    statement, and a name that is free or another holder's now is left as it is.
+    """
+    gone = _execute(
+        alias, "release", name, lambda backend, cursor: backend.break_holder(cursor, name, holder)
+    )
+    if gone:
+        logger.debug("released lock %r held by %r", name, holder)
+    return gone
+
+
 def reap_expired(
     batch_size: int | None = None, *, using: str | None = None, time_budget: float | None = None
 ) -> int:

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.app.task import Context
+from celery.signals import task_revoked
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from kombu.exceptions import OperationalError
@@ -317,3 +319,50 @@ def test_enqueue_under_the_task_id_of_a_queued_run_is_a_duplicate(app: Celery) -
     assert (caught.value.task_id, caught.value.name) == ("inv-7", raising.lock_name((7,)))
     assert queued(app) == 2
     assert Lock.objects.get(holder="inv-7").count == 1
+
+
+def revoke(task: SingletonTask, task_id: str, key: str) -> None:
+    """Send the worker's ``task_revoked`` signal as Celery does, with the message's context."""
+    task_revoked.send(
+        sender=task,
+        request=Context({"id": task_id, KEY_HEADER: key}),
+        terminated=False,
+        signum=None,
+        expired=True,
+    )
+
+
+def test_revoke_frees_its_own_key_in_one_statement(app: Celery, own_queries: OwnQueries) -> None:
+    task = make_task(app, "t.revoked")
+    sent = task.delay(1)
+    locks.acquire(task.lock_name((1,)), holder=sent.id)  # a re-entry: all of it goes
+    with own_queries() as queries:
+        revoke(task, sent.id, task.lock_name((1,)))
+    assert len(queries) == 1, queries.captured_queries
+    assert not Lock.objects.exists()
+
+
+def test_revoke_of_a_free_key_takes_nothing(app: Celery, own_queries: OwnQueries) -> None:
+    # The lease is gone already (broken, reaped). Taking the key even for a moment would
+    # refuse a message sent in that moment as a duplicate.
+    task = make_task(app, "t.revoked")
+    key = task.lock_name((1,))
+    before = locks.acquire(key)
+    before.release()
+    with own_queries() as queries:
+        revoke(task, "gone-task-id", key)
+    assert len(queries) == 1, queries.captured_queries
+    assert queries.captured_queries[0]["sql"].lstrip().upper().startswith("DELETE")
+    after = locks.acquire(key)
+    assert after.token == before.token + 1  # no grant in between
+    after.release()
+
+
+def test_revoke_leaves_another_holders_lease_alone(app: Celery) -> None:
+    task = make_task(app, "t.revoked")
+    key = task.lock_name((1,))
+    lease = locks.acquire(key, holder="someone-else", ttl=60)
+    revoke(task, "revoked-task-id", key)
+    held = Lock.objects.get(name=key)
+    assert (held.holder, held.token, held.count) == ("someone-else", lease.token, 1)
+    lease.release()

@@ -160,6 +160,15 @@ class Backend:
         cursor.execute("DELETE FROM locks_lock WHERE name = %s AND token = %s", [name, token])
         return bool(cursor.rowcount)
 
+    def break_holder(self, cursor: Cursor, name: str, holder: str) -> bool:
+        """Delete the row of ``name`` only while ``holder`` has it, live or expired.
+
+        One statement, so a holding taken over since (another holder) is never touched
+        and a free name is never taken, not even for a moment.
+        """
+        cursor.execute("DELETE FROM locks_lock WHERE name = %s AND holder = %s", [name, holder])
+        return bool(cursor.rowcount)
+
     def remaining(self, cursor: Cursor, name: str) -> float | None:
         """Seconds until the row of ``name`` expires by the database clock; ``None``: no row."""
         cursor.execute(f"SELECT expires_at, {self.NOW} FROM locks_lock WHERE name = %s", [name])

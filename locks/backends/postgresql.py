@@ -142,6 +142,10 @@ BREAK_HOLDING = f"""
 DELETE FROM locks_lock WHERE name = %s AND token = %s RETURNING {NOTIFY_IF_WAITING}
 """
 
+BREAK_HOLDER = f"""
+DELETE FROM locks_lock WHERE name = %s AND holder = %s RETURNING {NOTIFY_IF_WAITING}
+"""
+
 RELEASE_REENTRY = """
 UPDATE locks_lock SET count = count - 1
 WHERE name = %s AND holder = %s AND token = %s
@@ -248,6 +252,10 @@ class PostgreSQLBackend(Backend):
 
     def break_holding(self, cursor: Cursor, name: str, token: int) -> bool:
         cursor.execute(BREAK_HOLDING, [name, token])
+        return cursor.fetchone() is not None
+
+    def break_holder(self, cursor: Cursor, name: str, holder: str) -> bool:
+        cursor.execute(BREAK_HOLDER, [name, holder])
         return cursor.fetchone() is not None
 
     def listen(self, raw: Any) -> None:
