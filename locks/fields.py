@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
+from django.db.models import lookups
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -17,7 +18,10 @@ class LockNameField(models.CharField):  # type: ignore[type-arg]
     holders that the lock statements compare. MySQL/MariaDB compare text case-, accent-
     and trailing-space-insensitively by default ("Lock" = "lock " there), which would let
     holder "alice" re-enter, renew or release the lock of holder "Alice". On MySQL/MariaDB
-    the column is ``varchar(255)`` whatever ``max_length`` says.
+    the column is ``varchar(255)`` whatever ``max_length`` says. The case-insensitive
+    lookups (``iexact``, ``icontains``, ``istartswith``, ``iendswith``) stay
+    case-insensitive there, as on the other databases, so the admin's search finds
+    "orders:1" for "ORDERS".
 
     Example::
 
@@ -30,3 +34,36 @@ class LockNameField(models.CharField):  # type: ignore[type-arg]
         params = super().db_parameters(connection)
         params.update(for_connection(connection).name_db_parameters(connection))
         return params
+
+
+class _FoldedOnMySQL(lookups.Lookup):  # type: ignore[type-arg]
+    """Compare lower-cased sides on MySQL/MariaDB, where the column's binary collation
+    would make Django's ``LIKE`` case-sensitive (other databases fold case themselves)."""
+
+    def process_lhs(self, compiler: Any, connection: Any, lhs: Any = None) -> Any:
+        sql, params = super().process_lhs(compiler, connection, lhs)
+        return (f"LOWER({sql})", params) if connection.vendor == "mysql" else (sql, params)
+
+    def process_rhs(self, compiler: Any, connection: Any) -> Any:
+        sql, params = super().process_rhs(compiler, connection)
+        return (f"LOWER({sql})", params) if connection.vendor == "mysql" else (sql, params)
+
+
+@LockNameField.register_lookup
+class _IExact(_FoldedOnMySQL, lookups.IExact):  # type: ignore[type-arg]
+    pass
+
+
+@LockNameField.register_lookup
+class _IContains(_FoldedOnMySQL, lookups.IContains):
+    pass
+
+
+@LockNameField.register_lookup
+class _IStartsWith(_FoldedOnMySQL, lookups.IStartsWith):
+    pass
+
+
+@LockNameField.register_lookup
+class _IEndsWith(_FoldedOnMySQL, lookups.IEndsWith):
+    pass

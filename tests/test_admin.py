@@ -173,3 +173,40 @@ def test_reap_action_deletes_expired_rows_only() -> None:
     assert b"Reaped 2 expired lock(s)." in done.content
     assert list(Lock.objects.values_list("name", flat=True)) == ["jobs:live"]
     live.release()
+
+
+@pytest.mark.parametrize(
+    ("lookup", "name", "holder"),
+    [
+        ("iexact", "JOBS:nightly", "worker-A"),
+        ("icontains", "S:NIGHT", "KER-"),
+        ("istartswith", "jOBS", "WORKER"),
+        ("iendswith", "NIGHTLY", "-a"),
+    ],
+)
+def test_case_insensitive_lookups_fold_case_on_every_database(
+    lookup: str, name: str, holder: str
+) -> None:
+    # MariaDB's columns compare byte for byte (the lock statements need that), which
+    # would make Django's LIKE case-sensitive there.
+    locks.acquire("Jobs:Nightly", ttl=30, holder="Worker-A")
+    locks.acquire("other", ttl=30, holder="someone")
+    assert list(
+        Lock.objects.filter(**{f"name__{lookup}": name}).values_list("name", flat=True)
+    ) == ["Jobs:Nightly"]
+    assert list(
+        Lock.objects.filter(**{f"holder__{lookup}": holder}).values_list("name", flat=True)
+    ) == ["Jobs:Nightly"]
+    # Exact comparison stays exact: the lock statements rely on it.
+    assert not Lock.objects.filter(name="jobs:nightly").exists()
+    assert not Lock.objects.filter(holder="worker-a").exists()
+
+
+def test_admin_search_ignores_case(superuser: Client) -> None:
+    locks.acquire("Jobs:Nightly", ttl=30, holder="Worker-A")
+    assert cells(superuser.get(CHANGELIST + "?q=NIGHTLY").content.decode(), "name") == [
+        "Jobs:Nightly"
+    ]
+    assert cells(superuser.get(CHANGELIST + "?q=worker-a").content.decode(), "name") == [
+        "Jobs:Nightly"
+    ]
