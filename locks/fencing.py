@@ -64,6 +64,28 @@ class FencedQuerySet(models.QuerySet[_F]):
                 )
         return updated
 
+    def fenced_delete(self, token: int) -> tuple[int, dict[str, int]]:
+        """Delete every row of this queryset, or none of them if a greater token wrote any.
+
+        All or nothing, as :meth:`fenced_update`: the rows are first claimed for
+        ``token`` (which locks them), and if any was written with a greater token,
+        ``StaleToken`` is raised and nothing is deleted. Returns what Django's
+        ``delete()`` returns. Rows that Django deletes by cascade are not checked.
+
+        Example::
+
+            with locks.lock("ledger", ttl=30) as lease:
+                Entry.objects.filter(batch=7).fenced_delete(lease.token)
+        """
+        token = validation.check_token(token)
+        if self.query.is_sliced:
+            raise TypeError("fenced_delete() cannot run on a sliced queryset")
+        using = cast(Any, self)._db or router.db_for_write(self.model)
+        with transaction.atomic(using=using):
+            self.using(using).fenced_update(token)
+            # Rows that appeared since the claim and carry a greater token are left alone.
+            return self.using(using).filter(fence__lte=token).delete()
+
 
 class FencedModel(models.Model):
     """Abstract model whose ``save(fence=token)`` refuses writes carrying an older token.
@@ -122,6 +144,36 @@ class FencedModel(models.Model):
             raise
         finally:
             self._locks_fence = None
+
+    def delete(
+        self, using: str | None = None, keep_parents: bool = False, *, fence: int | None = None
+    ) -> tuple[int, dict[str, int]]:
+        """Delete; with ``fence=token``, only if no greater token has written this row.
+
+        The row is first claimed for the token (one conditional ``UPDATE``, which locks
+        it), then Django's own delete runs, in one transaction. Without ``fence`` it is
+        Django's ``delete()``. Rows deleted by cascade are not checked.
+
+        Example::
+
+            obj.delete(fence=lease.token)  # StaleToken if a newer holder wrote first
+        """
+        token = None if fence is None else validation.check_token(fence)
+        if token is None or self.pk is None:
+            # Unfenced; or unsaved, which Django refuses with its own error before any query.
+            return super().delete(using=using, keep_parents=keep_parents)
+        db = using or router.db_for_write(type(self), instance=self)
+        rows = type(self)._base_manager.using(db).filter(pk=self.pk)
+        with transaction.atomic(using=db):
+            if not rows.filter(fence__lte=token).update(fence=token):
+                newer = rows.values_list(FENCE, flat=True).first()
+                if newer is not None:
+                    raise StaleToken(
+                        f"delete of {self._meta.label} pk={self.pk!r} with fencing token "
+                        f"{token} refused: the row was written with the newer token {newer}; "
+                        "it is unchanged"
+                    )
+            return super().delete(using=db, keep_parents=keep_parents)
 
     def _do_update(
         self,

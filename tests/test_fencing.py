@@ -206,6 +206,81 @@ def test_fenced_update_refuses_bad_arguments_before_any_query(
     assert stored(record.pk) == ("a", 0)
 
 
+# --- delete(fence=...) and fenced_delete ------------------------------------------------------
+
+
+def test_fenced_delete_of_one_row_refuses_an_older_token_and_leaves_the_row() -> None:
+    record = FencedRecord.objects.create(key="k", data="seven")
+    record.save(fence=7)
+    stale = FencedRecord.objects.get(pk=record.pk)
+    stale.fence = 0  # as a copy loaded before the newer holder wrote
+    with pytest.raises(locks.StaleToken, match=r"delete .* token 3 refused.*newer token 7"):
+        stale.delete(fence=3)
+    assert stored(record.pk) == ("seven", 7)
+    assert record.delete(fence=7) == (1, {FencedRecord._meta.label: 1})  # the holder's own token
+    assert not FencedRecord.objects.filter(pk=record.pk).exists()
+
+
+def test_fenced_delete_of_one_row_with_a_newer_token_claims_and_deletes_it() -> None:
+    record = FencedRecord.objects.create(key="k")
+    record.save(fence=4)
+    with CaptureQueriesContext(connection) as queries:
+        record.delete(fence=9)
+    assert not FencedRecord.objects.filter(pk=record.pk).exists()
+    # The claim is the first statement: the row is locked before Django's delete reads it.
+    statements = [q["sql"].lstrip().upper() for q in queries.captured_queries]
+    writes = [sql for sql in statements if sql.startswith(("UPDATE", "DELETE"))]
+    assert writes[0].startswith("UPDATE") and writes[-1].startswith("DELETE"), statements
+
+
+def test_a_stale_fenced_delete_leaves_the_outer_transaction_usable() -> None:
+    record = FencedRecord.objects.create(key="k")
+    record.save(fence=5)
+    with transaction.atomic():
+        FencedRecord.objects.create(key="kept")
+        with pytest.raises(locks.StaleToken):
+            FencedRecord.objects.get(pk=record.pk).delete(fence=2)
+        with pytest.raises(locks.StaleToken):
+            FencedRecord.objects.all().fenced_delete(2)
+        FencedRecord.objects.create(key="also kept")
+    assert sorted(FencedRecord.objects.values_list("key", flat=True)) == ["also kept", "k", "kept"]
+
+
+def test_fenced_delete_deletes_every_row_or_none() -> None:
+    a, b, c = FencedRecord.objects.bulk_create(
+        FencedRecord(key=key, data="new") for key in ("a", "b", "c")
+    )
+    FencedRecord.objects.filter(pk=c.pk).fenced_update(9, data="nine")
+    batch = FencedRecord.objects.filter(pk__in=[a.pk, b.pk, c.pk])
+    with pytest.raises(locks.StaleToken, match=r"token 7 refused.*newer token 9"):
+        batch.fenced_delete(7)
+    assert [stored(pk) for pk in (a.pk, b.pk, c.pk)] == [("new", 0), ("new", 0), ("nine", 9)]
+    assert batch.fenced_delete(9) == (3, {FencedRecord._meta.label: 3})
+    assert not FencedRecord.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda record: record.delete(fence="5"), TypeError),
+        (lambda record: record.delete(fence=True), TypeError),
+        (lambda record: record.delete(fence=0), ValueError),
+        (lambda record: FencedRecord.objects.all().fenced_delete(-1), ValueError),
+        (lambda record: FencedRecord.objects.all()[:1].fenced_delete(5), TypeError),
+        (lambda record: FencedRecord(key="unsaved").delete(fence=5), ValueError),
+    ],
+    ids=["str-token", "bool-token", "zero-token", "negative-token", "sliced", "unsaved"],
+)
+def test_fenced_delete_refuses_bad_arguments_before_any_query(
+    call: Callable[[Any], Any], error: type[Exception]
+) -> None:
+    record = FencedRecord.objects.create(key="k", data="a")
+    with CaptureQueriesContext(connection) as queries, pytest.raises(error):
+        call(record)
+    assert len(queries) == 0
+    assert stored(record.pk) == ("a", 0)
+
+
 # --- the paused holder -----------------------------------------------------------------------
 
 
@@ -233,6 +308,8 @@ def test_a_paused_holder_wakes_up_to_stale_token_and_the_newer_holders_data_stan
     checked = a.call("check_token", name="shared", token=first["token"])
     assert checked["ok"] and checked["live"] is False
     stale = a.call("fenced_save", pk=record.pk, data="A", token=first["token"])
+    assert not stale["ok"] and stale["error"] == "StaleToken", stale
+    stale = a.call("fenced_delete", pk=record.pk, token=first["token"])
     assert not stale["ok"] and stale["error"] == "StaleToken", stale
 
     assert stored(record.pk) == ("B", second["token"])

@@ -151,6 +151,13 @@ class Session:
         record.save(fence=token)
         return {"fence": record.fence}
 
+    def fenced_delete(self, pk: int, token: int) -> dict[str, Any]:
+        """Load a FencedRecord and delete it with a fencing token."""
+        from tests.app.models import FencedRecord
+
+        deleted, _ = FencedRecord.objects.get(pk=pk).delete(fence=token)
+        return {"deleted": deleted}
+
     def load(self, pk: int) -> dict[str, Any]:
         """Load a VersionedNote and keep this copy."""
         from tests.app.models import VersionedNote
