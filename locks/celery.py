@@ -51,7 +51,8 @@ def fit_key(key: str) -> str:
     """
     if len(key) <= validation.MAX_NAME_LENGTH:
         return key
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    validation.check_long_name(key)
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
     return f"{key[:_HASHED_PREFIX]}:sha256:{digest}"
 
 

@@ -43,10 +43,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 )
             )
     errors.extend(_bad_values())
-    if conf.DATABASE not in connections.settings:
+    alias = conf.raw("DATABASE")
+    if not isinstance(alias, str) or alias not in connections.settings:
         errors.append(
             Error(
-                f"LOCKS['DATABASE'] is {conf.DATABASE!r}, which is not in DATABASES.",
+                f"LOCKS['DATABASE'] is {alias!r}, which is not in DATABASES.",
                 hint=f"Use one of: {', '.join(sorted(connections.settings))}.",
                 id="locks.E002",
             )
@@ -113,8 +114,11 @@ def check_database(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """locks.E003, W002, W003: the locks database's server (needs ``check --database``)."""
-    alias = conf.DATABASE
-    if not databases or alias not in databases or alias not in connections.settings:
+    user = getattr(settings, "LOCKS", None)
+    alias = conf.raw("DATABASE") if user is None or isinstance(user, dict) else None
+    if not isinstance(alias, str) or alias not in connections.settings:
+        return []  # a bad LOCKS or LOCKS['DATABASE']: check_settings reports it
+    if not databases or alias not in databases:
         return []
     connection = connections[alias]
     errors: list[CheckMessage] = []

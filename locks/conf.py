@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 
 from . import validation
 
@@ -65,7 +66,11 @@ VALID: dict[str, str] = {
 
 
 class Settings:
-    """Typed access to ``settings.LOCKS``; read at every access so ``override_settings`` works.
+    """Typed, checked access to ``settings.LOCKS``, with defaults.
+
+    Each value is checked on its first read and kept until ``settings.LOCKS`` (or
+    ``DATABASES``) changes, which ``override_settings`` announces; a bad value is not
+    kept, so every read of it fails, naming the setting.
 
     Example::
 
@@ -73,13 +78,31 @@ class Settings:
         alias = conf.DATABASE
     """
 
-    def _get(self, key: str) -> Any:
-        user = getattr(django_settings, "LOCKS", None) or {}
-        return user.get(key, DEFAULTS[key]) if isinstance(user, dict) else DEFAULTS[key]
+    def __init__(self) -> None:
+        self._checked_values: dict[str, Any] = {}
+
+    def clear(self) -> None:
+        """Forget the checked values (``setting_changed`` calls it)."""
+        self._checked_values.clear()
+
+    def raw(self, key: str) -> Any:
+        """The value of ``key`` as written in ``settings.LOCKS``, or its default; unchecked.
+
+        Example::
+
+            conf.raw("DATABASE")
+        """
+        user = getattr(django_settings, "LOCKS", None)
+        if user is None:
+            return DEFAULTS[key]
+        if not isinstance(user, dict):
+            # Falling back to the defaults would send locks to another database unnoticed.
+            raise TypeError(f"settings.LOCKS must be a dict, not {user!r}")
+        return user.get(key, DEFAULTS[key])
 
     @property
     def DATABASE(self) -> str:
-        return str(self._get("DATABASE"))
+        return self._checked("DATABASE", validation.check_alias)
 
     # Each numeric setting is checked by one validator at every read (cheap: a few type
     # and range tests), so a bad value fails naming the setting wherever it is used, and
@@ -136,7 +159,7 @@ class Settings:
 
     def tri_state(self, key: str) -> bool | None:
         """A setting that is True, False or None (automatic); raises TypeError otherwise."""
-        value = self._get(key)
+        value = self.raw(key)
         if not (value is None or isinstance(value, bool)):
             raise TypeError(f"LOCKS[{key!r}]: must be True, False or None, not {value!r}")
         return value
@@ -158,11 +181,17 @@ class Settings:
         return self._checked("TASK_LOCK_TTL", validation.ttl_seconds)
 
     def _checked(self, key: str, check: Callable[[Any], T]) -> T:
+        try:
+            return cast(T, self._checked_values[key])
+        except KeyError:
+            pass
         # The error names the setting: a bad value in settings.py is not a bad argument.
         try:
-            return check(self._get(key))
+            value = check(self.raw(key))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"LOCKS[{key!r}]: {exc}") from None
+        self._checked_values[key] = value
+        return value
 
     @property
     def RENEW_FRACTION(self) -> float:
@@ -171,3 +200,11 @@ class Settings:
 
 
 conf = Settings()
+
+
+def _forget(setting: str, **kwargs: Any) -> None:
+    if setting in ("LOCKS", "DATABASES"):
+        conf.clear()
+
+
+setting_changed.connect(_forget, dispatch_uid="locks.conf.forget")

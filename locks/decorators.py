@@ -67,6 +67,11 @@ class ViewLock:
         if response is not None and not callable(response):
             raise TypeError(f"lock_view response must be a callable, not {response!r}")
         self.response = response
+        name: Any = template_name  # typed str | None; checked for callers without types
+        if name is not None and not (isinstance(name, str) and name):
+            raise TypeError(
+                f"lock_view template_name must be a template's name, not {template_name!r}"
+            )
         self.template_name = template_name
         self.retry_after = _check_retry_after(retry_after)
 

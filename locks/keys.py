@@ -38,7 +38,8 @@ def fit_name(name: str) -> str:
     """
     if len(name) < validation.MAX_NAME_LENGTH:
         return name
-    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    validation.check_long_name(name)
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()
     return f"{name[:HASHED_PREFIX]}~{digest}"
 
 
@@ -65,6 +66,10 @@ def check_key_template(template: Any) -> str:
         raise TypeError(f"lock_view key must be a str template or a callable, not {template!r}")
     if not template or "\x00" in template:
         raise ValueError(f"lock_view key template must be non-empty text without NUL: {template!r}")
+    try:
+        template.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"lock_view key template is not valid Unicode text: {template!r}") from exc
     previous: str | None = None
     for literal, field, spec, _conversion in _formatter.parse(template):
         if previous is not None and ENCODED.issuperset(literal):

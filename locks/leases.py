@@ -60,11 +60,14 @@ def _execute(alias: str, what: str, name: str, operation: Callable[[Backend, Cur
     backend = for_connection(wrapper)
     if what != "inspect":
         backend.check_caller(alias)
+    # Read before any query, so that bad settings fail here, not only once an error occurs.
+    retries = conf.TRANSIENT_RETRIES
+    conf.backoff()
     for attempt in itertools.count():
         try:
             return operation(backend, connection.cursor(wrapper))
         except DatabaseError as exc:
-            if backend.is_transient(exc) and attempt < conf.TRANSIENT_RETRIES:
+            if backend.is_transient(exc) and attempt < retries:
                 logger.debug("%s %r: transient error, retrying: %s", what, name, exc)
                 time.sleep(_backoff(attempt))
                 continue
@@ -128,6 +131,8 @@ class _Request:
             changes["ttl"] = conf.DEFAULT_TTL
         if "using" in unset:
             changes["using"] = conf.DATABASE
+        if self.auto_renew:
+            _ = conf.RENEW_FRACTION  # as in build(): failing once the lease is taken strands it
         return replace(self, **changes)
 
     def attempt(self, *, yield_to_queue: bool = False) -> Lease | None:
@@ -425,6 +430,8 @@ class Lease:
             finally:
                 lease.release()
         """
+        if not isinstance(entirely, bool):
+            raise TypeError(f"entirely must be True or False, not {entirely!r}")
         self._refuse_in_a_child()
         with self._mutex:
             if self._state == RELEASED:

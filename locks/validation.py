@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +43,18 @@ def check_name(name: Any) -> str:
         check_name("orders:42")  # -> "orders:42"
     """
     return _text(name, "name", MAX_NAME_LENGTH)
+
+
+def check_long_name(name: Any) -> str:
+    """Like :func:`check_name`, of any length: for text that will be hashed to fit.
+
+    A character refused in a short name is refused in a long one too, not hashed away.
+
+    Example::
+
+        check_long_name("report:" + "x" * 300)
+    """
+    return _text(name, "name", sys.maxsize)
 
 
 def check_holder(holder: Any) -> str:

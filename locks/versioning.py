@@ -114,6 +114,12 @@ class VersionedModel(models.Model):
                 "changed the row since; nothing was written. Load the version with the "
                 f'copy, e.g. {self._meta.object_name}.objects.only("...", "version").'
             )
+        version = self.__dict__.get(VERSION)
+        if type(version) is not int or version < 0:
+            raise TypeError(
+                f"{self._meta.label} pk={self.pk!r}: version must be the int this copy was "
+                f"loaded with (0 or more), not {version!r}; nothing was written"
+            )
         update_fields: Iterable[str] | None = kwargs.get("update_fields")
         if update_fields is not None:
             update_fields = set(update_fields)

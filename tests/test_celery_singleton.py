@@ -111,6 +111,19 @@ def test_long_keys_are_hashed_into_a_stable_name_of_at_most_255_characters(app: 
     assert Lock.objects.get().name == key
 
 
+@pytest.mark.parametrize("bad", ["\x00", "\ud800"], ids=["nul", "lone-surrogate"])
+@pytest.mark.parametrize("length", [10, 400], ids=["short", "hashed"])
+def test_a_key_with_a_character_no_name_may_hold_is_refused_also_when_long(
+    app: Celery, own_queries: OwnQueries, bad: str, length: int
+) -> None:
+    task = make_task(app, "t.badkey", lock_key=lambda *args, **kwargs: "k" * length + bad)
+    with own_queries() as queries, pytest.raises(ValueError, match=r"NUL|not valid Unicode"):
+        task.delay(1)
+    assert len(queries) == 0
+    assert not Lock.objects.exists()
+    assert queued(app) == 0
+
+
 def test_lock_key_as_format_string_callable_or_static_method(app: Celery) -> None:
     formatted = make_task(app, "t.format", lock_key="invoice:{invoice_id}:{0}")
     assert formatted.lock_name((5,)) == "invoice:5:5"

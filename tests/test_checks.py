@@ -150,6 +150,31 @@ def test_e005_reports_every_bad_value_at_once() -> None:
             "RENEW_FRACTION",
         ),
         ({"REAP_BATCH_SIZE": 0}, lambda: locks.reap_expired(), ValueError, "REAP_BATCH_SIZE"),
+        ({"DATABASE": "nowhere"}, lambda: locks.try_acquire("e005"), ValueError, "DATABASE"),
+        ({"DATABASE": "nowhere"}, lambda: locks.is_locked("e005"), ValueError, "DATABASE"),
+        ({"DATABASE": "nowhere"}, lambda: locks.reap_expired(), ValueError, "DATABASE"),
+        ({"DATABASE": 5}, lambda: locks.acquire("e005"), TypeError, "DATABASE"),
+        ({"DATABASE": "nowhere"}, lambda: locks.lock("e005"), ValueError, "DATABASE"),
+        # Read before the first query, not only when a retry or a wait needs them.
+        ({"BACKOFF_MIN": 0}, lambda: locks.try_acquire("e005"), ValueError, "BACKOFF_MIN"),
+        (
+            {"BACKOFF_MIN": 2, "BACKOFF_MAX": 1},
+            lambda: locks.try_acquire("e005"),
+            ValueError,
+            "BACKOFF_MIN",
+        ),
+        (
+            {"TRANSIENT_RETRIES": "8"},
+            lambda: locks.try_acquire("e005"),
+            TypeError,
+            "TRANSIENT_RETRIES",
+        ),
+        (
+            {"TRANSIENT_RETRIES": -1},
+            lambda: locks.is_locked("e005"),
+            ValueError,
+            "TRANSIENT_RETRIES",
+        ),
     ],
 )
 def test_a_bad_setting_fails_at_use_naming_the_setting_and_touches_nothing(
@@ -158,6 +183,34 @@ def test_a_bad_setting_fails_at_use_naming_the_setting_and_touches_nothing(
     with override_settings(LOCKS=settings), pytest.raises(error, match=rf"LOCKS\['{message}'\]"):
         call()
     assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_locks_that_is_not_a_dict_fails_at_use_instead_of_using_the_defaults() -> None:
+    # The defaults would send locks to another database than the one meant, unnoticed.
+    with (
+        override_settings(LOCKS=[("DATABASE", "other")]),
+        pytest.raises(TypeError, match=r"settings\.LOCKS must be a dict"),
+    ):
+        locks.try_acquire("e001")
+    assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_settings_are_read_again_after_a_change() -> None:
+    with override_settings(LOCKS={"DEFAULT_TTL": 120}):
+        with locks.lock("ttl") as lease:
+            assert lease.ttl == 120
+        with override_settings(LOCKS={"DEFAULT_TTL": 7}), locks.lock("ttl") as lease:
+            assert lease.ttl == 7
+        with locks.lock("ttl") as lease:
+            assert lease.ttl == 120
+    with override_settings(LOCKS={"DEFAULT_TTL": 0}):
+        for _ in range(2):  # not kept: a bad value fails at every read
+            with pytest.raises(ValueError, match="DEFAULT_TTL"):
+                locks.try_acquire("ttl")
+    with locks.lock("ttl") as lease:
+        assert lease.ttl == 60
 
 
 @override_settings(LOCKS={"RENEW_FRACTION": 1})

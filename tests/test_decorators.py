@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import locks
+from locks import validation
 from locks.aio import run_sync
 from locks.decorators import LockViewMixin, lock_key, lock_view
 from locks.keys import encode_value, fit_name
@@ -108,6 +109,7 @@ def test_long_keys_are_hashed_to_fit_and_keep_a_readable_prefix() -> None:
         ("", ValueError),
         ("a\x00{b}", ValueError),
         ("{a:{b}}", ValueError),
+        ("doc:\ud800{a}", ValueError),  # a lone surrogate: no text a database can store
         (42, TypeError),
     ],
 )
@@ -130,6 +132,8 @@ def test_bad_key_templates_are_refused_when_decorating(template: Any, error: typ
         ({"using": "nope"}, ValueError),
         ({"note": "x" * 300}, ValueError),
         ({"response": "busy.html"}, TypeError),
+        ({"template_name": 5}, TypeError),
+        ({"template_name": ""}, TypeError),
     ],
 )
 def test_bad_options_are_refused_when_decorating_and_touch_nothing(
@@ -138,6 +142,14 @@ def test_bad_options_are_refused_when_decorating_and_touch_nothing(
     with pytest.raises(error):
         lock_view("k:{pk}", **options)
     assert not Lock.objects.exists()
+
+
+@pytest.mark.parametrize("bad", ["\x00", "\ud800"], ids=["nul", "lone-surrogate"])
+def test_a_character_refused_in_a_short_key_is_refused_in_a_long_one(bad: str) -> None:
+    # Not hashed away past the kept prefix of a long key.
+    for key in ("doc:" + bad, "doc:" + "x" * 300 + bad):
+        with pytest.raises(ValueError, match=r"NUL|not valid Unicode"):
+            validation.check_name(fit_name(key))
 
 
 def test_missing_key_field_names_the_field() -> None:

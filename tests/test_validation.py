@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 import locks
@@ -163,3 +164,28 @@ def test_bad_renew_ttl_changes_nothing(own_queries: Callable[[], CaptureQueriesC
 def test_infinite_timeout_means_wait_without_limit() -> None:
     with locks.lock("orders:1", timeout=math.inf) as lease:
         assert lease.held
+
+
+@pytest.mark.parametrize("entirely", ["no", 1, None])
+def test_release_with_entirely_not_a_bool_is_refused_and_releases_nothing(
+    entirely: Any, own_queries: Callable[[], CaptureQueriesContext]
+) -> None:
+    outer = locks.acquire("orders:1")
+    inner = locks.acquire("orders:1")
+    with own_queries() as queries, pytest.raises(TypeError, match="entirely"):
+        inner.release(entirely=entirely)
+    assert queries.captured_queries == []
+    assert Lock.objects.get(name="orders:1").count == 2
+    inner.release()
+    outer.release()
+
+
+def test_a_bad_renew_fraction_set_after_lock_was_built_fails_before_any_grant() -> None:
+    guard = locks.lock("orders:1", ttl=5, auto_renew=True)
+    with (
+        override_settings(LOCKS={"RENEW_FRACTION": 1}),
+        pytest.raises(ValueError, match="RENEW_FRACTION"),
+        guard,
+    ):
+        pass
+    assert not Lock.objects.exists()  # no lease left that nothing could release

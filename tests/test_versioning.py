@@ -132,6 +132,20 @@ def test_saving_a_copy_loaded_without_its_version_is_refused_before_any_query(
     assert stored(note.pk) == ("t", "theirs", 2)
 
 
+@pytest.mark.parametrize("version", [None, "1", True, 1.0, -1])
+def test_a_version_that_is_not_a_count_is_refused_before_any_query(version: Any) -> None:
+    note = VersionedNote.objects.create(title="t")
+    copy = VersionedNote.objects.get(pk=note.pk)
+    copy.body, copy.version = "mine", version
+    with CaptureQueriesContext(connection) as queries, pytest.raises(TypeError, match="version"):
+        copy.save()
+    assert queries.captured_queries == []
+    assert stored(note.pk) == ("t", "", 1)
+    with pytest.raises(TypeError, match="version"):
+        VersionedNote(title="new", version=version).save()
+    assert VersionedNote.objects.count() == 1
+
+
 def test_a_copy_loaded_with_only_some_fields_and_its_version_is_checked() -> None:
     note = VersionedNote.objects.create(title="t")
     stale = VersionedNote.objects.only("body", "version").get(pk=note.pk)
