@@ -7,6 +7,8 @@ Environment:
     LOCKS_TEST_BEAT_INTERVAL: seconds between ``locks.reap_expired`` runs under beat.
     LOCKS_TEST_REMOTE_CONTROL: ``1`` lets the worker obey broadcasts (``revoke``), on a
         control exchange of the run's own.
+    LOCKS_TEST_VISIBILITY_TIMEOUT: Redis only: seconds after which an unacknowledged
+        message goes back to the queue (the run's own unacked keys, swept every second).
 """
 
 from __future__ import annotations
@@ -27,11 +29,16 @@ def make_app(
     beat_interval: float | None = None,
     *,
     remote_control: bool = False,
+    visibility_timeout: float | None = None,
 ) -> Celery:
     """A Celery app on ``broker_url`` whose tasks all go through ``queue``.
 
     ``remote_control``: the worker obeys broadcasts such as ``revoke`` sent on the control
     exchange named after ``queue``, which no other test run sends to.
+    ``visibility_timeout`` (Redis): an unacknowledged message is redelivered that many
+    seconds after its delivery. The unacked messages are kept under keys named after
+    ``queue``: a worker sweeping the shared default keys with so short a timeout would
+    redeliver other test runs' messages that are still running.
     """
     app = Celery("tests", broker=broker_url, set_as_current=False)
     app.conf.update(
@@ -52,6 +59,19 @@ def make_app(
         broker_connection_retry_on_startup=True,
         timezone="UTC",
     )
+    if visibility_timeout is not None:
+        app.conf.broker_transport_options = {
+            "visibility_timeout": visibility_timeout,
+            "unacked_key": f"{queue}.unacked",
+            "unacked_index_key": f"{queue}.unacked_index",
+            "unacked_mutex_key": f"{queue}.unacked_mutex",
+            # A worker killed during a sweep leaves the sweep's mutex for this long.
+            "unacked_mutex_expire": 2,
+            # Sweep for messages past their visibility timeout every second (default:
+            # every 100 s), and at once when a worker starts.
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        }
     if beat_interval is not None:
         app.conf.beat_schedule = {
             "locks-reap-expired": {"task": "locks.reap_expired", "schedule": beat_interval},
@@ -60,9 +80,11 @@ def make_app(
 
 
 _interval = os.environ.get("LOCKS_TEST_BEAT_INTERVAL")
+_visibility = os.environ.get("LOCKS_TEST_VISIBILITY_TIMEOUT")
 app = make_app(
     os.environ.get("LOCKS_TEST_BROKER_URL", "memory://"),
     os.environ.get("LOCKS_TEST_QUEUE", "locks-tests"),
     float(_interval) if _interval else None,
     remote_control=os.environ.get("LOCKS_TEST_REMOTE_CONTROL") == "1",
+    visibility_timeout=float(_visibility) if _visibility else None,
 )

@@ -173,10 +173,14 @@ def singleton(app: Celery, name: str) -> SingletonTask:
 
 
 def delete_queue(app: Celery, queue: str) -> None:
-    """Remove the run's queue from the broker (best effort: it expires anyway)."""
+    """Remove the run's queue from the broker (best effort: it expires anyway), and on
+    Redis the run's own unacked-message keys, if it has them (``visibility_timeout``)."""
     try:
         with app.connection_for_write() as connection:
             channel: Any = connection.default_channel
             channel.queue_delete(queue)
+            unacked = getattr(channel, "unacked_key", "")
+            if unacked.startswith(queue):
+                channel.client.delete(unacked, channel.unacked_index_key, channel.unacked_mutex_key)
     except Exception:  # cleanup must not hide the test's own result
         pass

@@ -72,6 +72,18 @@ def hang(self: SingletonTask, label: str, gate: str) -> None:
 
 
 @shared_task(
+    bind=True, base=SingletonTask, name="tests.hang_acks_late", acks_late=True, lock_ttl=60.0
+)
+def hang_acks_late(self: SingletonTask, label: str, gate: str) -> None:
+    """Like ``record``, acknowledged only when the run ends: a run whose worker dies is
+    redelivered. The lease (60 s) outlives the wait for the redelivery."""
+    run = _record(self, label)
+    _wait_for(gate)
+    run.finished = True
+    run.save(update_fields=["finished"])
+
+
+@shared_task(
     bind=True,
     base=SingletonTask,
     name="tests.record_or_raise",

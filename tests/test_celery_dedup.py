@@ -365,3 +365,75 @@ def test_revoked_message_leaves_a_lock_that_another_holder_took_alone(
         assert (held.holder, held.token, held.count) == (lease.holder, lease.token, 1)
         lease.renew()
     assert not CeleryRun.objects.filter(label="taken").exists()
+
+
+# Redis redelivers an unacknowledged message this many seconds after its delivery; the
+# run is killed well before that, so the dead worker never restores its own message.
+VISIBILITY_TIMEOUT = 3.0
+
+
+@pytest.mark.parametrize("broker", sorted(BROKERS))
+def test_acks_late_run_redelivered_after_its_worker_died_reenters_its_lease(
+    broker: str, tmp_path: Path
+) -> None:
+    url, queue = BROKERS[broker], unique_queue()
+    # RabbitMQ requeues an unacked message as soon as its consumer's connection closes;
+    # Redis only once the visibility timeout has passed.
+    visibility = VISIBILITY_TIMEOUT if broker == "redis" else None
+    app = make_app(url, queue, visibility_timeout=visibility)
+    extra = {"LOCKS_TEST_VISIBILITY_TIMEOUT": str(visibility)} if visibility else {}
+    env = celery_env(url, queue, **extra)
+    gate = tmp_path / "gate"
+    task = singleton(app, "tests.hang_acks_late")
+    key = task.lock_name(("redelivered", str(gate)))
+    try:
+        with celery_worker(
+            "tests.celery_app", queue, tmp_path / "first.log", env, concurrency=1
+        ) as process:
+            first_worker = Worker(broker, url, queue, app, process)
+            first = task.delay("redelivered", str(gate))
+            killed = wait_until(
+                lambda: CeleryRun.objects.filter(task_id=first.id).first(), what="the run"
+            )
+            # The whole worker dies mid-run, pool and main process: nobody acks the message.
+            os.killpg(process.process.pid, signal.SIGKILL)
+            process.process.wait(timeout=10)
+        assert first_worker.received("tests.hang_acks_late") == [first.id]
+        held = Lock.objects.get(name=key)
+        assert (held.holder, held.count) == (first.id, 2)  # the enqueue and the dead run
+
+        # The lease is the original task id's: a new delay() is still a duplicate.
+        assert task.delay("redelivered", str(gate)).id == first.id
+        assert Lock.objects.filter(name=key).values_list("holder", "count").get() == (first.id, 2)
+
+        with celery_worker(
+            "tests.celery_app", queue, tmp_path / "second.log", env, concurrency=1
+        ) as process:
+            second_worker = Worker(broker, url, queue, app, process)
+            skipped = f"skipping task tests.hang_acks_late[{first.id}]"
+
+            def redelivered_run() -> CeleryRun | None:
+                assert skipped not in process.text(), process.text()[-2000:]
+                return CeleryRun.objects.filter(task_id=first.id).exclude(pk=killed.pk).first()
+
+            rerun = wait_until(redelivered_run, timeout=30, what="the redelivered run")
+            assert rerun.pid != killed.pid
+            # The redelivered run re-entered the very lease the enqueue took, renewed.
+            entered = Lock.objects.get(name=key)
+            assert (entered.holder, entered.token, entered.count) == (first.id, held.token, 3)
+            assert entered.expires_at > held.expires_at
+            assert task.delay("redelivered", str(gate)).id == first.id
+            gate.touch()
+            wait_until(lambda: finished_runs("redelivered"), what="the run to finish")
+            wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")
+            # Nothing else was enqueued: the new worker received the one message, once.
+            drain(second_worker, tmp_path)
+            assert second_worker.received("tests.hang_acks_late") == [first.id]
+            assert skipped not in process.text()
+        runs = CeleryRun.objects.filter(label="redelivered").order_by("pk")
+        assert list(runs.values_list("task_id", "finished")) == [
+            (first.id, False),
+            (first.id, True),
+        ]
+    finally:
+        delete_queue(app, queue)
