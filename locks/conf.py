@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -80,10 +81,14 @@ class Settings:
 
     def __init__(self) -> None:
         self._checked_values: dict[str, Any] = {}
+        self._generation = 0
+        self._lock = threading.Lock()
 
     def clear(self) -> None:
         """Forget the checked values (``setting_changed`` calls it)."""
-        self._checked_values.clear()
+        with self._lock:
+            self._generation += 1
+            self._checked_values.clear()
 
     def raw(self, key: str) -> Any:
         """The value of ``key`` as written in ``settings.LOCKS``, or its default; unchecked.
@@ -185,12 +190,16 @@ class Settings:
             return cast(T, self._checked_values[key])
         except KeyError:
             pass
+        generation = self._generation
         # The error names the setting: a bad value in settings.py is not a bad argument.
         try:
             value = check(self.raw(key))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"LOCKS[{key!r}]: {exc}") from None
-        self._checked_values[key] = value
+        with self._lock:
+            # Read before a change that another thread made meanwhile: not to be kept.
+            if generation == self._generation:
+                self._checked_values[key] = value
         return value
 
     @property
