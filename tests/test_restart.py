@@ -30,20 +30,28 @@ def wait_for_port(port: int, up: bool, seconds: float = 60) -> None:
     raise AssertionError(f"port {port} did not go {'up' if up else 'down'} in {seconds} s")
 
 
-def restart_server(backend: str) -> None:
-    """Restart the real server (or, for SQLite, drop every connection to the file)."""
+def restart_server(backend: str, *, crash: bool = False) -> None:
+    """Restart the real server (or, for SQLite, drop every connection to the file).
+
+    ``crash``: the server stops without writing anything more to disk (PostgreSQL's
+    immediate shutdown, SIGKILL for MariaDB) and recovers from its log when it starts.
+    """
     if backend == "postgresql":
         version = sorted(os.listdir("/etc/postgresql"))[-1]
+        mode = ["-m", "immediate"] if crash else []
         subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+            ["pg_ctlcluster", "--skip-systemctl-redirect", *mode, version, "main", "restart"],
             check=True,
             timeout=120,
         )
         wait_for_port(5432, up=True)
     elif backend == "mariadb":
-        subprocess.run(
-            ["mariadb-admin", "-h127.0.0.1", "-uroot", "shutdown"], check=True, timeout=120
-        )
+        if crash:
+            subprocess.run(["pkill", "-KILL", "-x", "mariadbd"], check=True, timeout=60)
+        else:
+            subprocess.run(
+                ["mariadb-admin", "-h127.0.0.1", "-uroot", "shutdown"], check=True, timeout=120
+            )
         wait_for_port(3306, up=False)
         # start-stop-daemon --oknodo does nothing while the old process is still exiting.
         deadline = time.monotonic() + 120
@@ -77,14 +85,18 @@ def restart_server(backend: str) -> None:
         assert Path(str(connections["default"].settings_dict["NAME"])).exists()
 
 
-def test_tokens_keep_rising_across_a_server_restart(backend: str) -> None:
+@pytest.mark.parametrize("crash", [False, True], ids=["clean", "crash"])
+def test_tokens_keep_rising_across_a_server_restart(backend: str, crash: bool) -> None:
+    if crash and backend == "sqlite":
+        pytest.skip("SQLite has no server to crash (holders killed by SIGKILL: test_faults)")
     tokens = []
     for _ in range(3):
         with locks.lock("orders:1") as lease:
             tokens.append(lease.token)
+    # Granted (committed and answered) right before the server goes down.
     held = locks.acquire("orders:2", ttl=300)
 
-    restart_server(backend)
+    restart_server(backend, crash=crash)
     connections.close_all()  # Django's own connection of this test is stale too
 
     # The app's own connection is stale: at most one call fails, then it reconnects
@@ -102,6 +114,7 @@ def test_tokens_keep_rising_across_a_server_restart(backend: str) -> None:
     assert failures <= 1
     assert lease.token > max(tokens), (tokens, lease.token)
     lease.release()
-    # The lease taken before the restart survived it (it was committed).
+    # The lease taken before the restart survived it (it was committed), a crash too.
     assert locks.check_token("orders:2", held.token)
+    assert lease.token > held.token
     held.release()
