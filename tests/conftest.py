@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,15 +82,20 @@ def worker_env() -> dict[str, str]:
 
 
 def spawn(
-    scenario: str, *args: Any, module: str = "tests.workers", stdin: bool = False
+    scenario: str,
+    *args: Any,
+    module: str = "tests.workers",
+    stdin: bool = False,
+    wrap: Sequence[str] = (),
 ) -> subprocess.Popen[str]:
     """Start ``python -m MODULE SCENARIO ARGS...`` as a separate OS process.
 
     ``MODULE`` is a worker module like ``tests/workers.py``; it prints one JSON line per
-    event on stdout. ``stdin``: a pipe the test writes cues to.
+    event on stdout. ``stdin``: a pipe the test writes cues to. ``wrap``: a command that
+    runs it (``unshare ...``).
     """
     return subprocess.Popen(
-        [sys.executable, "-m", module, scenario, *map(str, args)],
+        [*wrap, sys.executable, "-m", module, scenario, *map(str, args)],
         env=worker_env(),
         cwd=ROOT,
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -648,10 +649,19 @@ def test_a_lease_is_visible_to_other_processes_at_once() -> None:
     assert finish(spawn("probe", "orders:1")) == [{"event": "probe", "locked": False}]
 
 
-def test_a_process_with_a_reused_identity_would_need_the_same_nonce() -> None:
-    # A dead process's lease is not re-entered by a new process: the holder differs.
-    events = finish(spawn("acquire_only", "orders:1", 30))
-    holder = events[0]["holder"]
-    assert row("orders:1").holder == holder  # type: ignore[union-attr]
-    second = finish(spawn("probe", "orders:1"))
-    assert second == [{"event": "probe", "locked": True}]
+#: Runs a worker as pid 1 of a new pid namespace, without address randomization: two
+#: such processes have the same host, pid and main-thread ident, like a process that
+#: reuses a dead one's pid.
+SAME_PID_AND_THREAD = ["setarch", platform.machine(), "-R", "unshare", "--pid", "--fork"]
+
+
+def test_a_new_process_with_a_dead_ones_host_pid_and_thread_does_not_reenter_its_lease() -> None:
+    first = finish(spawn("acquire_only", "orders:1", 30, wrap=SAME_PID_AND_THREAD))
+    second = finish(spawn("probe_default", "orders:1", wrap=SAME_PID_AND_THREAD))
+    dead, new = first[0]["holder"], second[0]["holder"]
+    # Everything but the per-process nonce is the same: host, pid 1, thread, serial.
+    assert dead.rsplit(":", 1)[0] == new.rsplit(":", 1)[0], (dead, new)
+    assert dead.split(":")[1] == "1", dead
+    assert dead != new
+    assert second[0]["locked"] is True
+    assert row("orders:1").holder == dead  # type: ignore[union-attr]

@@ -115,6 +115,18 @@ def probe(name: str, using: str = "default") -> None:
         lease.release()
 
 
+def probe_default(name: str) -> None:
+    """As ``probe``, with this thread's default holder, and report that holder."""
+    import locks
+    from locks.identity import default_holder
+
+    holder = default_holder()
+    lease = locks.try_acquire(name, ttl=5)
+    emit(event="probe", locked=lease is None, holder=holder)
+    if lease is not None:
+        lease.release()
+
+
 def auto_renew_exit(name: str, ttl: float) -> None:
     """Take an auto-renewing lease and end the process without releasing it."""
     import locks
@@ -131,6 +143,7 @@ SCENARIOS = {
     "acquire_only": lambda a: acquire_only(a[0], float(a[1]), *a[2:]),
     "release_as": lambda a: release_as(a[0], a[1], float(a[2])),
     "probe": lambda a: probe(*a),
+    "probe_default": lambda a: probe_default(*a),
 }
 
 
