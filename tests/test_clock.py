@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import io
+import json
 import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
+from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.db import connection
+from django.test import Client
 
 import locks
 from locks.backends import for_connection
+from tests.test_admin import cells
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,3 +54,30 @@ def test_a_lease_taken_with_a_fast_clock_is_respected_with_a_slow_one() -> None:
         assert locks.try_acquire("orders:1", holder="bob") is None
         lease.renew()
         lease.release()
+
+
+@pytest.mark.parametrize("shift", [timedelta(hours=2), timedelta(hours=-2)])
+def test_what_the_admin_the_command_and_lock_view_show_follows_the_database_clock(
+    shift: timedelta,
+) -> None:
+    locks.acquire("gate:t", ttl=40, holder="alice")
+    locks.acquire("orders:old", ttl=0.05, holder="bob")
+    time.sleep(0.2)
+    User.objects.create_superuser("root", password="pw")
+    client = Client()
+    client.force_login(User.objects.get(username="root"))
+    with time_machine.travel(datetime.now(UTC) + shift, tick=True):
+        out = io.StringIO()
+        call_command("locks", "list", "--json", "--all", stdout=out)
+        rows = {row["name"]: row for row in json.loads(out.getvalue())}
+        assert rows["gate:t"]["state"] == "held" and 0 < rows["gate:t"]["expires_in"] <= 40
+        assert rows["orders:old"]["state"] == "expired" and rows["orders:old"]["expires_in"] < 0
+
+        html = client.get("/admin/locks/lock/").content.decode()
+        assert cells(html, "state") == ["expired", "held"]  # newest first
+        left = [float(value) for value in cells(html, "expires_in")]
+        assert left[0] < 0 < left[1] <= 40
+
+        response = client.get("/locking/gated/t/")
+        assert response.status_code == 423
+        assert 1 <= int(response["Retry-After"]) <= 40
