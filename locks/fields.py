@@ -36,6 +36,25 @@ class LockNameField(models.CharField):  # type: ignore[type-arg]
         return params
 
 
+class NoteField(models.CharField):  # type: ignore[type-arg]
+    """A ``CharField`` that holds any text on every database, emoji included.
+
+    On MySQL/MariaDB the column is ``utf8mb4`` whatever the database's default character
+    set is (a ``latin1`` or ``utf8mb3`` database would refuse such text with error 1366).
+
+    Example::
+
+        note = NoteField(max_length=255, blank=True, default="")
+    """
+
+    def db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
+        from .backends import for_connection
+
+        params = super().db_parameters(connection)
+        params.update(for_connection(connection).text_db_parameters(connection))
+        return params
+
+
 class _FoldedOnMySQL(lookups.Lookup):  # type: ignore[type-arg]
     """Compare lower-cased sides on MySQL/MariaDB, where the column's binary collation
     would make Django's ``LIKE`` case-sensitive (other databases fold case themselves)."""

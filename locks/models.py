@@ -8,7 +8,7 @@ from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.sql.compiler import SQLCompiler
 
-from .fields import LockNameField
+from .fields import LockNameField, NoteField
 
 
 class DatabaseNow(models.Func):
@@ -70,7 +70,8 @@ class Lock(models.Model):
     token = models.BigIntegerField(help_text="fencing token of the current holding")
     acquired_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
-    note = models.CharField(max_length=255, blank=True, default="")
+    # Any text on every database: a view's note carries its (Unicode) request path.
+    note = NoteField(max_length=255, blank=True, default="")
     waiting = models.BooleanField(
         default=False, db_default=False, help_text="a blocked acquire asked to be notified"
     )

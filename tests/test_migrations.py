@@ -6,8 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 from django.core.management import call_command
+from django.db import OperationalError, connection
 
 import locks
+from locks.models import Lock
 
 
 # makemigrations checks the applied migrations' history in the database too.
@@ -43,3 +45,29 @@ def test_tokens_keep_rising_after_unapplying_and_reapplying_the_holder_migration
     call_command("migrate", "locks", verbosity=0)
     tokens += tokens_of_two_holdings()
     assert tokens == sorted(set(tokens)), tokens
+
+
+NOTE = "export 日本 😀"  # 3- and 4-byte UTF-8, as in a view's request path
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("latest_migration_afterwards")
+def test_a_lock_table_made_in_a_latin1_database_takes_any_note_after_migrating(
+    backend: str,
+) -> None:
+    call_command("migrate", "locks", "0003", verbosity=0)
+    if backend == "mariadb":
+        # The column as a latin1 database would have made it: such a note fails there.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "ALTER TABLE locks_lock MODIFY note varchar(255) CHARACTER SET latin1 NOT NULL"
+            )
+        with pytest.raises(OperationalError, match="Incorrect string value"):
+            locks.acquire("orders:1", note=NOTE)
+    tokens = tokens_of_two_holdings()
+    call_command("migrate", "locks", verbosity=0)
+    lease = locks.acquire("orders:1", note=NOTE)
+    assert Lock.objects.get(name="orders:1").note == NOTE
+    lease.release()
+    tokens += tokens_of_two_holdings()
+    assert tokens == sorted(set(tokens)), tokens  # the SQLite rebuild kept the triggers

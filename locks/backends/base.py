@@ -264,6 +264,10 @@ class Backend:
         """Column type/collation that makes names and holders exact (case- and space-sensitive)."""
         return {}
 
+    def text_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
+        """Column type that holds any Unicode text (notes), whatever the database default."""
+        return {}
+
     def create_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
         """Create what the models cannot say: the token sequence, triggers."""
 

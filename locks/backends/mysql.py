@@ -141,6 +141,9 @@ class MySQLBackend(Backend):
             "collation": "utf8mb4_nopad_bin",
         }
 
+    def text_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
+        return {"type": "varchar(255) CHARACTER SET utf8mb4"}
+
     def create_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
         schema_editor.execute("CREATE SEQUENCE IF NOT EXISTS locks_token_seq")
         schema_editor.execute(
