@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
@@ -44,6 +45,25 @@ def test_a_forked_child_gets_a_new_nonce() -> None:
     child = os.read(read, 1000).decode()
     assert parts(child)[1] == str(pid)
     assert parts(child)[3] != parts(parent)[3]
+
+
+def test_a_child_forked_inside_an_asyncio_task_gets_a_task_holder_of_its_own() -> None:
+    # asyncio forgets the running loop in a child, so the task's holder is not inherited.
+    from locks.aio import task_holder
+
+    async def fork_in_a_task() -> tuple[str, str]:
+        parent = task_holder()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.write(write, task_holder().encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        return parent, os.read(read, 1000).decode()
+
+    parent, child = asyncio.run(fork_in_a_task())
+    assert child != parent
+    assert parts(child)[3] != parts(parent)[3]  # the child's own nonce
 
 
 RACE = """
