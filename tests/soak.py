@@ -117,9 +117,19 @@ class _Fleet:
 
 
 def soak(
-    history: Path, *, processes: int, names: int, seconds: float, seed: int, faults: tuple[str, ...]
+    history: Path,
+    *,
+    processes: int,
+    names: int,
+    seconds: float,
+    seed: int,
+    faults: tuple[str, ...],
+    min_faults: int = 0,
 ) -> SoakResult:
     """Run the soak in ``history`` (a directory) against the configured test database.
+
+    It lasts ``seconds``, and longer if need be to inject ``min_faults`` faults (a run of
+    long SIGSTOPs injects few).
 
     Example::
 
@@ -142,7 +152,10 @@ def soak(
     try:
         for _ in range(processes):
             fleet.spawn()
-        while time.monotonic() - began < seconds:
+        # Bounded: the workers run for seconds + 120, and the test asserts the count.
+        while (
+            time.monotonic() - began < seconds or sum(counts.values()) < min_faults
+        ) and time.monotonic() - began < seconds + 60:
             time.sleep(rng.uniform(0.3, 1.0))
             fault = rng.choice(faults)
             target = fleet.inject(fault)

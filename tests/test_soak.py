@@ -18,7 +18,9 @@ def test_a_short_soak_under_random_faults_finds_no_violation(tmp_path: Path, bac
     # SQLite has no server sessions to end; SIGSTOP and SIGKILL apply everywhere.
     faults = FAULTS if backend != "sqlite" else ("stop", "kill")
     seed = random.randrange(2**31)
-    result = soak(tmp_path, processes=4, names=6, seconds=15, seed=seed, faults=faults)
+    result = soak(
+        tmp_path, processes=4, names=6, seconds=15, seed=seed, faults=faults, min_faults=8
+    )
     name = backend + ("+pgbouncer" if PGBOUNCER else "")
     summarize("soak: random faults", name, sum(result.faults.values()), result.report)
     assert not result.violations, (seed, result.violations[:20])
