@@ -1,7 +1,8 @@
-"""Settings of the locks app, read from ``settings.LOCKS`` at access time, with defaults."""
+"""Settings of the locks app, from ``settings.LOCKS`` with defaults, checked on first use."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -109,9 +110,9 @@ class Settings:
     def DATABASE(self) -> str:
         return self._checked("DATABASE", validation.check_alias)
 
-    # Each numeric setting is checked by one validator at every read (cheap: a few type
-    # and range tests), so a bad value fails naming the setting wherever it is used, and
-    # the system check (locks.E005) reads these same properties.
+    # Each numeric setting is checked by one validator on its first read after a change
+    # (then kept), so a bad value fails naming the setting wherever it is used, and the
+    # system check (locks.E005) reads these same properties.
 
     @property
     def DEFAULT_TTL(self) -> float:
@@ -209,6 +210,14 @@ class Settings:
 
 
 conf = Settings()
+
+
+def _after_fork() -> None:
+    # Another thread of the parent may have held the lock at the fork: a new one.
+    conf._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _forget(setting: str, **kwargs: Any) -> None:

@@ -7,7 +7,7 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
@@ -50,7 +50,7 @@ class ViewLock:
         auto_renew: bool = False,
         status: int = 423,
         response: BusyResponse | None = None,
-        template_name: str | None = None,
+        template_name: str | Sequence[str] | None = None,
         retry_after: int | None = None,
     ) -> None:
         if not callable(key):
@@ -67,10 +67,18 @@ class ViewLock:
         if response is not None and not callable(response):
             raise TypeError(f"lock_view response must be a callable, not {response!r}")
         self.response = response
-        name: Any = template_name  # typed str | None; checked for callers without types
-        if name is not None and not (isinstance(name, str) and name):
+        names: Any = template_name  # typed; checked for callers without types
+        if isinstance(names, str):
+            names = [names]
+        # One name, or a list or tuple of names to try in turn, as render() takes.
+        if names is not None and not (
+            isinstance(names, list | tuple)
+            and names
+            and all(isinstance(name, str) and name for name in names)
+        ):
             raise TypeError(
-                f"lock_view template_name must be a template's name, not {template_name!r}"
+                "lock_view template_name must be a template's name or a list of them, "
+                f"not {template_name!r}"
             )
         self.template_name = template_name
         self.retry_after = _check_retry_after(retry_after)
@@ -287,7 +295,7 @@ def lock_view(
     auto_renew: bool = False,
     status: int = 423,
     response: BusyResponse | None = None,
-    template_name: str | None = None,
+    template_name: str | Sequence[str] | None = None,
     retry_after: int | None = None,
 ) -> Callable[[V], V]:
     """Run the view under the lease ``key``; while another request holds it, answer 423.
@@ -363,7 +371,7 @@ class LockViewMixin:
     lock_auto_renew = False
     lock_status = 423
     lock_response: BusyResponse | None = None
-    lock_template_name: str | None = None
+    lock_template_name: str | Sequence[str] | None = None
     lock_retry_after: int | None = None
 
     def get_view_lock(self) -> ViewLock:

@@ -16,6 +16,18 @@ _F = TypeVar("_F", bound=models.Model)
 FENCE = "fence"
 
 
+def _fence_owner(model: type[models.Model]) -> type[models.Model]:
+    """The concrete model whose table has the ``fence`` column."""
+    owner = model._meta.get_field(FENCE).model
+    assert owner is not None
+    return cast(type[models.Model], owner._meta.concrete_model)
+
+
+def _joins(queryset: models.QuerySet[Any]) -> bool:
+    """Whether the queryset's filters join other tables (Django then updates by ids)."""
+    return any(getattr(join, "join_type", None) for join in queryset.query.alias_map.values())
+
+
 class FencedQuerySet(models.QuerySet[_F]):
     """Queries over a :class:`FencedModel`; adds :meth:`fenced_update`.
 
@@ -45,13 +57,24 @@ class FencedQuerySet(models.QuerySet[_F]):
             raise TypeError("fenced_update() cannot run on a sliced queryset")
         # The database update() would write to.
         using = cast(Any, self)._db or router.db_for_write(self.model)
+        owner = _fence_owner(self.model)
         with transaction.atomic(using=using):
-            updated = self.using(using).filter(fence__lte=token).update(fence=token, **values)
+            if owner is self.model._meta.concrete_model and not _joins(self):
+                rows: models.QuerySet[Any] = self.using(using)
+                updated = rows.filter(fence__lte=token).update(fence=token, **values)
+                late: dict[str, Any] = {}
+            else:
+                # Django would update the fence's table (a parent's, under multi-table
+                # inheritance) through ids it selected first, without the fence condition:
+                # claim the rows on that one table, by id, where the condition holds.
+                pks = list(self.using(using).order_by().values_list("pk", flat=True))
+                rows = owner._base_manager.using(using).filter(pk__in=pks)
+                updated = rows.filter(fence__lte=token).update(fence=token)
+                late = values
             # The rows updated are locked by now; any row left with a greater fence means a
             # newer holder wrote first, and then none of our changes may stand.
             newer = list(
-                self.using(using)
-                .filter(fence__gt=token)
+                rows.filter(fence__gt=token)
                 .order_by()
                 .select_for_update()
                 .values_list("pk", FENCE)[:1]
@@ -62,6 +85,8 @@ class FencedQuerySet(models.QuerySet[_F]):
                     f"fenced update of {self.model._meta.label} with token {token} refused: "
                     f"row pk={pk!r} was written with the newer token {fence}; nothing was written"
                 )
+            if late:
+                self.model._base_manager.using(using).filter(pk__in=pks).update(**late)
         return updated
 
     def fenced_delete(self, token: int) -> tuple[int, dict[str, int]]:
@@ -163,7 +188,9 @@ class FencedModel(models.Model):
             # Unfenced; or unsaved, which Django refuses with its own error before any query.
             return super().delete(using=using, keep_parents=keep_parents)
         db = using or router.db_for_write(type(self), instance=self)
-        rows = type(self)._base_manager.using(db).filter(pk=self.pk)
+        # The claim runs on the one table that holds the fence (a parent's, under
+        # multi-table inheritance), so that it is one conditional UPDATE.
+        rows = _fence_owner(type(self))._base_manager.using(db).filter(pk=self.pk)
         with transaction.atomic(using=db):
             if not rows.filter(fence__lte=token).update(fence=token):
                 newer = rows.values_list(FENCE, flat=True).first()

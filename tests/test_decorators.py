@@ -134,6 +134,8 @@ def test_bad_key_templates_are_refused_when_decorating(template: Any, error: typ
         ({"response": "busy.html"}, TypeError),
         ({"template_name": 5}, TypeError),
         ({"template_name": ""}, TypeError),
+        ({"template_name": []}, TypeError),
+        ({"template_name": ["busy.html", 5]}, TypeError),
     ],
 )
 def test_bad_options_are_refused_when_decorating_and_touch_nothing(
@@ -232,12 +234,14 @@ def test_streaming_response_holds_the_lease_until_the_stream_ends(
 
 @pytest.mark.django_db(transaction=True)
 def test_busy_answer_is_configurable(live_server: Any, held: Any) -> None:
-    for name in ("conflict:c", "template:c", "custom:c"):
+    for name in ("conflict:c", "template:c", "templates:c", "custom:c"):
         held(name)
     status, headers, _ = http(f"{live_server.url}/locking/conflict/c/")
     assert (status, headers["Retry-After"]) == (409, "7")
     status, headers, body = http(f"{live_server.url}/locking/template/c/")
     assert status == 423 and b"Lock template:c is busy" in body
+    status, _, body = http(f"{live_server.url}/locking/templates/c/")  # the first that exists
+    assert status == 423 and b"Lock templates:c is busy" in body
     assert 1 <= int(headers["Retry-After"]) <= 30
     status, headers, body = http(f"{live_server.url}/locking/custom/c/")
     assert status == 418 and json.loads(body)["busy"] == "custom:c"

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import locks
-from tests.app.models import FencedRecord
+from tests.app.models import FencedRecord, FencedShipment
 from tests.remote import Remote, remotes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -254,6 +254,63 @@ def test_fenced_delete_deletes_every_row_or_none() -> None:
         batch.fenced_delete(7)
     assert [stored(pk) for pk in (a.pk, b.pk, c.pk)] == [("new", 0), ("new", 0), ("nine", 9)]
     assert batch.fenced_delete(9) == (3, {FencedRecord._meta.label: 3})
+    assert not FencedRecord.objects.exists()
+
+
+def shipment(fence: int) -> FencedShipment:
+    child = FencedShipment.objects.create(key="ship", data="newer", carrier="ups")
+    child.save(fence=fence)
+    return child
+
+
+def claims_check_the_fence(queries: CaptureQueriesContext) -> bool:
+    """Whether the UPDATE of the fence's table carries the fence condition."""
+    parent = FencedRecord._meta.db_table
+    claims = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].lstrip().upper().startswith("UPDATE") and parent in q["sql"]
+    ]
+    return bool(claims) and all("fence" in sql.split("WHERE", 1)[1] for sql in claims)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda child: FencedShipment.objects.get(pk=child.pk).delete(fence=3),
+        lambda child: FencedShipment.objects.filter(pk=child.pk).fenced_delete(3),
+        lambda child: FencedShipment.objects.filter(carrier="ups").fenced_update(3, data="old"),
+        # A filter across a join: Django updates by ids it selected first.
+        lambda child: FencedRecord.objects.filter(fencedshipment__carrier="ups").fenced_update(
+            3, data="old"
+        ),
+    ],
+    ids=["delete", "fenced_delete", "fenced_update", "joined-filter"],
+)
+def test_fenced_writes_under_multi_table_inheritance_check_the_fence_where_it_is(
+    write: Callable[[FencedShipment], object],
+) -> None:
+    # The fence lives in the parent's table: Django's own update of it would select the
+    # ids first and then write them without the fence condition, so that a newer holder's
+    # write in between could be overwritten or deleted.
+    child = shipment(fence=7)
+    with CaptureQueriesContext(connection) as queries, pytest.raises(locks.StaleToken):
+        write(child)
+    assert claims_check_the_fence(queries), queries.captured_queries
+    stored_child = FencedShipment.objects.get(pk=child.pk)
+    assert (stored_child.data, stored_child.carrier, stored_child.fence) == ("newer", "ups", 7)
+
+
+def test_fenced_writes_under_multi_table_inheritance_go_through_with_a_newer_token() -> None:
+    child = shipment(fence=7)
+    assert FencedShipment.objects.filter(pk=child.pk).fenced_update(8, carrier="dhl") == 1
+    assert FencedShipment.objects.values_list("carrier", "fence").get() == ("dhl", 8)
+    assert (
+        FencedRecord.objects.filter(fencedshipment__carrier="dhl").fenced_update(9, data="nine")
+        == 1
+    )
+    assert FencedShipment.objects.values_list("data", "fence").get() == ("nine", 9)
+    FencedShipment.objects.get(pk=child.pk).delete(fence=9)
     assert not FencedRecord.objects.exists()
 
 

@@ -19,6 +19,7 @@ urlpatterns = [
     path("astream/<str:name>/", views.astream),
     path("conflict/<str:name>/", views.conflict),
     path("template/<str:name>/", views.templated),
+    path("templates/<str:name>/", views.templated_list),
     path("custom/<str:name>/", views.custom),
     path("cbv/mixin/<int:pk>/", views.MixinView.as_view()),
     path("cbv/amixin/<int:pk>/", views.AsyncMixinView.as_view()),

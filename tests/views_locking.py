@@ -135,6 +135,11 @@ def templated(request: HttpRequest, name: str) -> HttpResponse:
     return _lease_json(request)
 
 
+@lock_view("templates:{name}", ttl=30, template_name=["locking/none.html", "locking/busy.html"])
+def templated_list(request: HttpRequest, name: str) -> HttpResponse:
+    return _lease_json(request)
+
+
 def _teapot(request: HttpRequest, name: str, retry_after: int) -> HttpResponse:
     return JsonResponse({"busy": name, "retry": retry_after}, status=418)
 

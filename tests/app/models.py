@@ -50,6 +50,12 @@ class FencedRecord(FencedModel):
         return f"{self.key}={self.data!r} (fence {self.fence})"
 
 
+class FencedShipment(FencedRecord):
+    """A FencedRecord's child by multi-table inheritance: its fence is the parent's column."""
+
+    carrier = models.CharField(max_length=100, blank=True, default="")
+
+
 class VersionedNote(VersionedModel):
     """A row edited by several people at once, guarded by optimistic versions."""
 
