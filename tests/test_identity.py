@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from locks.identity import default_holder
 
@@ -34,15 +35,20 @@ def test_each_thread_gets_its_own_holder_even_if_its_ident_is_reused() -> None:
     assert default_holder() not in seen
 
 
-def test_a_forked_child_gets_a_new_nonce() -> None:
-    parent = default_holder()
+def in_a_child(holder: Callable[[], str]) -> tuple[int, str]:
+    """Fork; the child reports ``holder()``. Returns the child's pid and what it said."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
-        os.write(write, default_holder().encode())
+        os.write(write, holder().encode())
         os._exit(0)
     os.waitpid(pid, 0)
-    child = os.read(read, 1000).decode()
+    return pid, os.read(read, 1000).decode()
+
+
+def test_a_forked_child_gets_a_new_nonce() -> None:
+    parent = default_holder()
+    pid, child = in_a_child(default_holder)
     assert parts(child)[1] == str(pid)
     assert parts(child)[3] != parts(parent)[3]
 
@@ -52,14 +58,7 @@ def test_a_child_forked_inside_an_asyncio_task_gets_a_task_holder_of_its_own() -
     from locks.aio import task_holder
 
     async def fork_in_a_task() -> tuple[str, str]:
-        parent = task_holder()
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            os.write(write, task_holder().encode())
-            os._exit(0)
-        os.waitpid(pid, 0)
-        return parent, os.read(read, 1000).decode()
+        return task_holder(), in_a_child(task_holder)[1]
 
     parent, child = asyncio.run(fork_in_a_task())
     assert child != parent
