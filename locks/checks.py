@@ -43,11 +43,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 )
             )
     errors.extend(_bad_values())
-    alias = conf.raw("DATABASE")
-    if not isinstance(alias, str) or alias not in connections.settings:
+    try:
+        _ = conf.DATABASE  # the rule the app applies where it reads the setting
+    except (TypeError, ValueError):
         errors.append(
             Error(
-                f"LOCKS['DATABASE'] is {alias!r}, which is not in DATABASES.",
+                f"LOCKS['DATABASE'] is {conf.raw('DATABASE')!r}, which is not in DATABASES.",
                 hint=f"Use one of: {', '.join(sorted(connections.settings))}.",
                 id="locks.E002",
             )
@@ -114,9 +115,9 @@ def check_database(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """locks.E003, W002, W003: the locks database's server (needs ``check --database``)."""
-    user = getattr(settings, "LOCKS", None)
-    alias = conf.raw("DATABASE") if user is None or isinstance(user, dict) else None
-    if not isinstance(alias, str) or alias not in connections.settings:
+    try:
+        alias = conf.DATABASE
+    except (TypeError, ValueError):
         return []  # a bad LOCKS or LOCKS['DATABASE']: check_settings reports it
     if not databases or alias not in databases:
         return []
