@@ -11,8 +11,27 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
 
-class LockNameField(models.CharField):  # type: ignore[type-arg]
-    """A ``CharField`` compared byte for byte on every database.
+class NoteField(models.CharField):  # type: ignore[type-arg]
+    """A ``CharField`` that holds any text on every database, emoji included.
+
+    On MySQL/MariaDB the column is ``utf8mb4`` whatever the database's default character
+    set is (a ``latin1`` or ``utf8mb3`` database would refuse such text with error 1366).
+
+    Example::
+
+        note = NoteField(max_length=255, blank=True, default="")
+    """
+
+    def db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
+        from .backends import for_connection
+
+        params = super().db_parameters(connection)
+        params.update(for_connection(connection).text_db_parameters(connection))
+        return params
+
+
+class LockNameField(NoteField):
+    """A :class:`NoteField` compared byte for byte on every database.
 
     For text that identifies something and must match exactly: lock names, and the
     holders that the lock statements compare. MySQL/MariaDB compare text case-, accent-
@@ -33,25 +52,6 @@ class LockNameField(models.CharField):  # type: ignore[type-arg]
 
         params = super().db_parameters(connection)
         params.update(for_connection(connection).name_db_parameters(connection))
-        return params
-
-
-class NoteField(models.CharField):  # type: ignore[type-arg]
-    """A ``CharField`` that holds any text on every database, emoji included.
-
-    On MySQL/MariaDB the column is ``utf8mb4`` whatever the database's default character
-    set is (a ``latin1`` or ``utf8mb3`` database would refuse such text with error 1366).
-
-    Example::
-
-        note = NoteField(max_length=255, blank=True, default="")
-    """
-
-    def db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
-        from .backends import for_connection
-
-        params = super().db_parameters(connection)
-        params.update(for_connection(connection).text_db_parameters(connection))
         return params
 
 

@@ -261,7 +261,8 @@ class Backend:
         return cursor.cursor
 
     def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
-        """Column type/collation that makes names and holders exact (case- and space-sensitive)."""
+        """What makes names and holders exact (case- and space-sensitive), on top of
+        :meth:`text_db_parameters`."""
         return {}
 
     def text_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:

@@ -134,15 +134,13 @@ class MySQLBackend(Backend):
         args: tuple[Any, ...] = exc.args
         return bool(args) and args[0] in TRANSIENT_CODES
 
-    def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
-        # Binary and NO PAD: "Lock" != "lock" and "a" != "a ", as on the other databases.
-        return {
-            "type": "varchar(255) CHARACTER SET utf8mb4",
-            "collation": "utf8mb4_nopad_bin",
-        }
-
     def text_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
         return {"type": "varchar(255) CHARACTER SET utf8mb4"}
+
+    def name_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
+        # On top of the text's utf8mb4 type. Binary and NO PAD: "Lock" != "lock" and
+        # "a" != "a ", as on the other databases.
+        return {"collation": "utf8mb4_nopad_bin"}
 
     def create_extras(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
         schema_editor.execute("CREATE SEQUENCE IF NOT EXISTS locks_token_seq")
