@@ -7,6 +7,7 @@ import functools
 import logging
 import math
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
@@ -64,8 +65,13 @@ class ViewLock:
         self.note = None if note is None else validation.check_note(note)
         self.auto_renew = auto_renew
         self.status = _check_status(status)
-        if response is not None and not callable(response):
-            raise TypeError(f"lock_view response must be a callable, not {response!r}")
+        checked: Any = response  # typed; checked for callers without types
+        if checked is not None and (not callable(checked) or iscoroutinefunction(checked)):
+            # Called in a worker thread for async views too: a coroutine would never run.
+            raise TypeError(
+                "lock_view response must be a plain callable returning a response, "
+                f"not {response!r}"
+            )
         self.response = response
         names: Any = template_name  # typed; checked for callers without types
         if isinstance(names, str):
@@ -169,11 +175,13 @@ class ViewLock:
             response = await view(request, *args, **kwargs)
             if callable(getattr(response, "render", None)) and not response.is_rendered:
                 response = await sync_to_async(response.render)()
+            # Whatever the view returned (None too, which Django then refuses), the lease
+            # is released or handed to the streaming content.
+            if getattr(response, "streaming", False):
+                return _hand_over(lease, response)
         except BaseException:
             await asyncio.shield(run_sync(_end, lease, True))
             raise
-        if response.streaming:
-            return _hand_over(lease, response)
         await asyncio.shield(run_sync(_end, lease, False))
         return cast(HttpResponseBase, response)
 
@@ -221,13 +229,21 @@ def _hand_over(lease: Lease, response: Any) -> HttpResponseBase:
         return cast(HttpResponseBase, response)
     streaming = cast(StreamingHttpResponse, response)
     release = _StreamRelease(lease)
-    content = streaming.streaming_content
+    # The content as the view gave it: streaming_content would wrap it in a reference back
+    # to the response, and that cycle would keep a dropped response (below) uncollected.
+    content = getattr(streaming, "_iterator", None)
+    if content is None:
+        content = streaming.streaming_content
     # Django registers the wrapper's close() with the response, and servers close every
     # response at its end: the lease is released even if the content is never iterated.
     if streaming.is_async:
         streaming.streaming_content = _AsyncStream(cast(AsyncIterator[bytes], content), release)
     else:
         streaming.streaming_content = _SyncStream(cast(Iterator[bytes], content), release)
+    # A middleware may answer with another response instead (ConditionalGetMiddleware's
+    # 304, say) and drop this one unclosed: then it goes when this one is collected.
+    finalizer = weakref.finalize(streaming, release.when_dropped)
+    finalizer.atexit = False  # type: ignore[misc]  # a property typeshed misses
     return streaming
 
 
@@ -242,10 +258,26 @@ class _StreamRelease:
         if lease is None:
             return
         try:
-            lease.release()
+            _end(lease, False)
         except LockLost:
             # The response is already on its way: all we can do is say so.
             logger.error("lock %r was lost before its streaming response ended", lease.name)
+
+    def when_dropped(self) -> None:
+        if self._lease is None:
+            return
+        logger.warning(
+            "lock %r: its streaming response was dropped unsent (replaced by a middleware?); "
+            "releasing it",
+            self._lease.name,
+        )
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self()
+        else:
+            # Collected on an event loop, where Django refuses database calls.
+            threading.Thread(target=self, name="locks-stream-release", daemon=True).start()
 
 
 class _SyncStream:

@@ -505,15 +505,14 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # A block that released its lease itself (e.g. early, before slow cleanup) is fine.
-        if self._state != RELEASED:
-            _end(self, exc_type is not None)
+        _end(self, exc_type is not None)
 
 
 def _end(lease: Lease, failing: bool) -> None:
     """Release at the end of a ``with`` block without masking the block's own exception."""
-    if os.getpid() != lease._pid:
-        # A child forked inside the block leaves it too: the lease stays its parent's.
+    # A block that released its lease itself (e.g. early, before slow cleanup) is fine; a
+    # child forked inside the block leaves it too, and the lease stays its parent's.
+    if lease._state == RELEASED or os.getpid() != lease._pid:
         return
     lost_meanwhile = lease.lost
     try:
@@ -523,6 +522,15 @@ def _end(lease: Lease, failing: bool) -> None:
             logger.warning("lock %r was lost before the end of its block", lease.name)
             return
         raise
+    except Exception:
+        if not failing:
+            raise
+        # As atomic() does when its rollback fails: the block's error is the one to see.
+        # The lease expires at the end of its TTL.
+        logger.warning(
+            "could not release lock %r after its block failed", lease.name, exc_info=True
+        )
+        return
     if lost_meanwhile and not failing:
         raise LockLost(f"lock {lease.name!r} was lost while its block ran (auto-renew failed)")
 
@@ -663,9 +671,7 @@ class LockContext(Entered, ContextDecorator):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease = self._pop()
-        if lease._state != RELEASED:
-            _end(lease, exc_type is not None)
+        _end(self._pop(), exc_type is not None)
 
 
 def lock(

@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 from urllib.parse import quote
 
 import pytest
@@ -28,6 +29,7 @@ from locks.aio import run_sync
 from locks.decorators import LockViewMixin, lock_key, lock_view
 from locks.keys import encode_value, fit_name
 from locks.models import Lock
+from tests import views_locking
 from tests.conftest import finish, spawn
 
 OTHER = "test-process-other-holder"  # a holder that is not the live server's request thread
@@ -132,6 +134,7 @@ def test_bad_key_templates_are_refused_when_decorating(template: Any, error: typ
         ({"using": "nope"}, ValueError),
         ({"note": "x" * 300}, ValueError),
         ({"response": "busy.html"}, TypeError),
+        ({"response": views_locking.async_busy}, TypeError),
         ({"template_name": 5}, TypeError),
         ({"template_name": ""}, TypeError),
         ({"template_name": []}, TypeError),
@@ -214,6 +217,57 @@ def test_lease_is_released_when_the_view_raises(live_server: Any) -> None:
         assert status == 500
     assert not locks.is_locked("boom:x")
     assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_lease_is_released_when_the_view_forgets_its_response(live_server: Any, kind: str) -> None:
+    prefix = "a" if kind == "async" else ""
+    for _ in range(2):  # Django refuses None with a 500; the second would be 423 if leaked
+        assert http(f"{live_server.url}/locking/{prefix}nothing/x/")[0] == 500
+    assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_view_may_release_its_lease_itself(live_server: Any, kind: str) -> None:
+    url = f"{live_server.url}/locking/{'a' if kind == 'async' else ''}early/x/"
+    assert http(url) == (200, ANY, b"released early\n")
+    assert http(url + "?stream=1")[::2] == (200, b"streamed\n")
+    assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_view_that_released_its_lease_and_failed_shows_its_own_error(kind: str) -> None:
+    request = RequestFactory().get("/early/x/", {"fail": "1"})
+    with pytest.raises(ValueError, match="the view's own error"):
+        if kind == "async":
+            asyncio.run(views_locking.aearly(request, name="x"))
+        else:
+            views_locking.early(request, name="x")
+    assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_streaming_response_dropped_by_a_middleware_releases_its_lease(
+    live_server: Any, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"{live_server.url}/locking/{'a' if kind == 'async' else ''}etag/x/"
+    assert http(url)[::2] == (200, b"tagged\n")
+    assert not locks.is_locked("etag:x")
+    # ConditionalGetMiddleware answers 304 itself and drops the view's streaming response.
+    request = urllib.request.Request(url, headers={"If-None-Match": '"v1"'})
+    for _ in range(2):  # the second would get 423 if the first left its lease behind
+        try:
+            urllib.request.urlopen(request, timeout=60)
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 304
+        else:
+            raise AssertionError("expected 304 Not Modified")
+        assert wait_until(lambda: not locks.is_locked("etag:x"), 15)
+    assert "dropped unsent" in caplog.text
 
 
 @pytest.mark.django_db(transaction=True)

@@ -18,6 +18,12 @@ urlpatterns = [
     path("stream/<str:name>/", views.stream),
     path("astream/<str:name>/", views.astream),
     path("conflict/<str:name>/", views.conflict),
+    path("nothing/<str:name>/", views.nothing),  # type: ignore[arg-type]
+    path("anothing/<str:name>/", views.anothing),  # type: ignore[arg-type]
+    path("early/<str:name>/", views.early),
+    path("aearly/<str:name>/", views.aearly),
+    path("etag/<str:name>/", views.etag_stream),  # type: ignore[arg-type]
+    path("aetag/<str:name>/", views.aetag_stream),  # type: ignore[arg-type]
     path("template/<str:name>/", views.templated),
     path("templates/<str:name>/", views.templated_list),
     path("custom/<str:name>/", views.custom),

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from django.utils.decorators import method_decorator
+from django.http.response import HttpResponseBase
+from django.middleware.http import ConditionalGetMiddleware
+from django.utils.decorators import decorator_from_middleware, method_decorator
 from django.views import View
 
 from locks.decorators import LockViewMixin, lock_view
@@ -125,6 +127,57 @@ async def astream(request: HttpRequest, name: str) -> StreamingHttpResponse:
     return StreamingHttpResponse(content(), content_type="text/plain")
 
 
+@lock_view("nothing:{name}", ttl=30)
+def nothing(request: HttpRequest, name: str) -> None:
+    """Forgets to return its response."""
+
+
+@lock_view("nothing:{name}", ttl=30)
+async def anothing(request: HttpRequest, name: str) -> None:
+    """Forgets to return its response."""
+
+
+def _after_release(request: HttpRequest) -> HttpResponseBase:
+    if request.GET.get("fail"):
+        raise ValueError("the view's own error")
+    if request.GET.get("stream"):
+        return StreamingHttpResponse(iter([b"streamed\n"]), content_type="text/plain")
+    return HttpResponse("released early\n", content_type="text/plain")
+
+
+@lock_view("early:{name}", ttl=30)
+def early(request: HttpRequest, name: str) -> HttpResponseBase:
+    """Releases its lease itself before it answers (or fails)."""
+    request.lock_lease.release()  # type: ignore[attr-defined]
+    return _after_release(request)
+
+
+@lock_view("early:{name}", ttl=30)
+async def aearly(request: HttpRequest, name: str) -> HttpResponseBase:
+    await request.lock_lease.arelease()  # type: ignore[attr-defined]
+    return _after_release(request)
+
+
+def _tagged_stream() -> StreamingHttpResponse:
+    response = StreamingHttpResponse(iter([b"tagged\n"]), content_type="text/plain")
+    response["ETag"] = '"v1"'
+    return response
+
+
+# A matching If-None-Match makes the middleware answer 304 with a response of its own and
+# drop the view's, unsent and unclosed.
+@decorator_from_middleware(ConditionalGetMiddleware)
+@lock_view("etag:{name}", ttl=30)
+def etag_stream(request: HttpRequest, name: str) -> StreamingHttpResponse:
+    return _tagged_stream()
+
+
+@decorator_from_middleware(ConditionalGetMiddleware)
+@lock_view("etag:{name}", ttl=30)
+async def aetag_stream(request: HttpRequest, name: str) -> StreamingHttpResponse:
+    return _tagged_stream()
+
+
 @lock_view("conflict:{name}", ttl=30, status=409, retry_after=7)
 def conflict(request: HttpRequest, name: str) -> HttpResponse:
     return _lease_json(request)
@@ -142,6 +195,11 @@ def templated_list(request: HttpRequest, name: str) -> HttpResponse:
 
 def _teapot(request: HttpRequest, name: str, retry_after: int) -> HttpResponse:
     return JsonResponse({"busy": name, "retry": retry_after}, status=418)
+
+
+async def async_busy(request: HttpRequest, name: str, retry_after: int) -> HttpResponse:
+    """Not a valid busy answer: lock_view calls its response builder in a worker thread."""
+    return HttpResponse(status=423)
 
 
 @lock_view("custom:{name}", ttl=30, response=_teapot)
