@@ -28,7 +28,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from . import connection, validation, waiting
-from .identity import default_holder, unique_holder
+from .identity import acting_as, default_holder, unique_holder
 from .leases import (
     RELEASED,
     Entered,
@@ -85,11 +85,16 @@ def _tidy_after(function: Callable[P, T]) -> Callable[P, T]:
 async def run_sync(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a blocking lock call in a worker thread, off the event loop.
 
+    In that call the default holder is the calling task's (:func:`task_holder`), not the
+    worker thread's, which other tasks' calls share.
+
     Example::
 
         await run_sync(lease.renew, 30)
+        lease = await run_sync(locks.acquire, "orders:42", timeout=0)  # held by this task
     """
-    return await sync_to_async(_tidy_after(function), thread_sensitive=False)(*args, **kwargs)
+    call = acting_as(task_holder(), _tidy_after(function))
+    return await sync_to_async(call, thread_sensitive=False)(*args, **kwargs)
 
 
 def _release_quietly(lease: Lease) -> None:
@@ -265,7 +270,7 @@ class AsyncLockContext(Entered, AbstractAsyncContextManager[Lease], AsyncContext
         tb: TracebackType | None,
     ) -> None:
         lease = self._pop()
-        if lease._state != RELEASED:
+        if lease._state != RELEASED:  # as _end checks, but without a trip to a thread
             # Shielded: a cancelled block still releases (the thread would finish it anyway).
             await asyncio.shield(run_sync(_end, lease, exc_type is not None))
 

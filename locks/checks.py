@@ -110,6 +110,44 @@ def _innodb_flush(connection: Any) -> int:
         return int(cursor.fetchone()[0])
 
 
+@register(Tags.models)
+def check_versioned_managers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """locks.E006: a VersionedModel whose default manager's update() leaves the version.
+
+    Such a manager (a custom ``objects``, or a parent's under multi-table inheritance)
+    updates rows without incrementing their version, so a copy loaded before the update
+    then saves over it unnoticed.
+    """
+    from django.apps import apps
+
+    from .versioning import VersionedModel, VersionedQuerySet
+
+    models = (
+        apps.get_models()
+        if app_configs is None
+        else [model for config in app_configs for model in config.get_models()]
+    )
+    errors: list[CheckMessage] = []
+    for model in models:
+        if not issubclass(model, VersionedModel):
+            continue
+        queryset = model._default_manager.get_queryset()
+        if not isinstance(queryset, VersionedQuerySet):
+            errors.append(
+                Error(
+                    f"{model._meta.label}'s default manager "
+                    f"({model._default_manager.name}) makes a {type(queryset).__name__}: "
+                    "its update() would not increment the version.",
+                    hint="Build the manager on locks.versioning.VersionedQuerySet, e.g. "
+                    "objects = VersionedQuerySet.as_manager(), or "
+                    "MyQuerySet(VersionedQuerySet).",
+                    obj=model,
+                    id="locks.E006",
+                )
+            )
+    return errors
+
+
 @register(Tags.database)
 def check_database(
     app_configs: Any = None, databases: Any = None, **kwargs: Any

@@ -10,6 +10,7 @@ from django.db.models import Field
 
 from . import validation
 from .exceptions import StaleToken
+from .saving import RawSaveAware
 
 _F = TypeVar("_F", bound=models.Model)
 
@@ -23,9 +24,20 @@ def _fence_owner(model: type[models.Model]) -> type[models.Model]:
     return cast(type[models.Model], owner._meta.concrete_model)
 
 
-def _joins(queryset: models.QuerySet[Any]) -> bool:
-    """Whether the queryset's filters join other tables (Django then updates by ids)."""
-    return any(getattr(join, "join_type", None) for join in queryset.query.alias_map.values())
+def _by_ids(queryset: models.QuerySet[Any], owner: type[models.Model], values: Any) -> bool:
+    """Whether Django's update() would select the rows' ids first and then update by them.
+
+    It does when the filters join other tables, or when a value belongs to another table
+    than the fence's (a parent's or a child's, under multi-table inheritance).
+    """
+    if owner is not queryset.model._meta.concrete_model:
+        return True
+    if any(getattr(join, "join_type", None) for join in queryset.query.alias_map.values()):
+        return True
+    meta = queryset.model._meta
+    return any(
+        cast(Any, meta.get_field(name)).model._meta.concrete_model is not owner for name in values
+    )
 
 
 class FencedQuerySet(models.QuerySet[_F]):
@@ -59,14 +71,14 @@ class FencedQuerySet(models.QuerySet[_F]):
         using = cast(Any, self)._db or router.db_for_write(self.model)
         owner = _fence_owner(self.model)
         with transaction.atomic(using=using):
-            if owner is self.model._meta.concrete_model and not _joins(self):
+            if not _by_ids(self, owner, values):
                 rows: models.QuerySet[Any] = self.using(using)
                 updated = rows.filter(fence__lte=token).update(fence=token, **values)
                 late: dict[str, Any] = {}
             else:
-                # Django would update the fence's table (a parent's, under multi-table
-                # inheritance) through ids it selected first, without the fence condition:
-                # claim the rows on that one table, by id, where the condition holds.
+                # Django would update the fence's table through ids it selected first,
+                # without the fence condition: claim the rows on that one table, by id,
+                # where the condition holds.
                 pks = list(self.using(using).order_by().values_list("pk", flat=True))
                 rows = owner._base_manager.using(using).filter(pk__in=pks)
                 updated = rows.filter(fence__lte=token).update(fence=token)
@@ -112,14 +124,16 @@ class FencedQuerySet(models.QuerySet[_F]):
             return self.using(using).filter(fence__lte=token).delete()
 
 
-class FencedModel(models.Model):
+class FencedModel(RawSaveAware):
     """Abstract model whose ``save(fence=token)`` refuses writes carrying an older token.
 
     ``fence`` holds the greatest token that wrote the row. A fenced save is one
     conditional ``UPDATE ... WHERE pk = ... AND fence <= token`` (or an insert when the
     row does not exist yet); if a greater token wrote first, it raises ``StaleToken`` and
-    the row is unchanged. Equal tokens pass, so a holder can write many times. A plain
-    ``save()`` (the admin, fixtures) writes the other fields and never moves the fence.
+    the row is unchanged. A fenced save of a loaded copy whose row was deleted meanwhile
+    raises ``StaleToken`` too, instead of inserting the row again. Equal tokens pass, so
+    a holder can write many times. A plain ``save()`` (the admin, say) writes the other
+    fields and never moves the fence; fixtures (``loaddata``) write theirs as they are.
 
     Example::
 
@@ -211,8 +225,9 @@ class FencedModel(models.Model):
         *args: Any,
     ) -> Any:
         # *args and the result: Django's own, as in VersionedModel._do_update.
-        if not any(field.attname == FENCE for field, _, _ in values):
-            # Another table of a multi-table inheritance chain: the fence is not there.
+        if self._locks_raw or not any(field.attname == FENCE for field, _, _ in values):
+            # A fixture's row, written as it is; or another table of a multi-table
+            # inheritance chain: the fence is not there.
             return super()._do_update(base_qs, using, pk_val, values, *args)
         token = self._locks_fence
         if token is None:
@@ -224,8 +239,15 @@ class FencedModel(models.Model):
         if updated:
             return updated
         newer = base_qs.filter(pk=pk_val).values_list(FENCE, flat=True).first()
-        if newer is None:
+        if newer is None and self._state.adding:
             return updated  # no such row yet: Django inserts it, fence and all
+        if newer is None:
+            # Perhaps deleted by a newer holder: inserting it again would undo that.
+            raise StaleToken(
+                f"write to {self._meta.label} pk={pk_val!r} with fencing token {token} "
+                "refused: the row was deleted after this copy was loaded; nothing was "
+                "written (save(force_insert=True, fence=...) inserts it anew)"
+            )
         raise StaleToken(
             f"write to {self._meta.label} pk={pk_val!r} with fencing token {token} refused: "
             f"the row was written with the newer token {newer}; it is unchanged"

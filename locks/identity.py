@@ -6,13 +6,21 @@ import os
 import secrets
 import socket
 import threading
+from collections.abc import Callable
+from contextvars import ContextVar
 from itertools import count
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 #: This process's (host:pid prefix, nonce), made once, by the first thread that asks.
 _process: tuple[str, str] | None = None
 _making = threading.Lock()
 _serial = count(1)
 _local = threading.local()
+#: The holder a worker thread acts as while it runs a call for an asyncio task (run_sync).
+_acting_as: ContextVar[str | None] = ContextVar("locks_acting_as", default=None)
 
 
 def _reset_after_fork() -> None:
@@ -50,12 +58,36 @@ def default_holder() -> str:
 
         default_holder()  # 'web-1:4242:140093.3:9f2c1a7b'
     """
-    holder: str | None = getattr(_local, "holder", None)
+    holder = _acting_as.get()
+    if holder is not None:
+        return holder
+    holder = getattr(_local, "holder", None)
     if holder is None:
         prefix, nonce = _process_identity()
         holder = f"{prefix}:{threading.get_ident()}.{next(_serial)}:{nonce}"
         _local.holder = holder
     return holder
+
+
+def acting_as(holder: str, function: Callable[P, T]) -> Callable[P, T]:
+    """``function``, which takes :func:`default_holder` to be ``holder`` while it runs.
+
+    For calls that a worker thread makes on behalf of someone else (an asyncio task):
+    pool threads are reused, so their own identity would be shared by unrelated tasks.
+
+    Example::
+
+        await sync_to_async(acting_as(task_holder(), locks.acquire))("orders:42")
+    """
+
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        token = _acting_as.set(holder)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _acting_as.reset(token)
+
+    return call
 
 
 def unique_holder(kind: str) -> str:

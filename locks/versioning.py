@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models import F, Field
 
 from .exceptions import ConcurrentUpdate
+from .saving import RawSaveAware
 
 _V = TypeVar("_V", bound=models.Model)
 
@@ -33,14 +34,9 @@ class VersionField(models.PositiveBigIntegerField):  # type: ignore[type-arg]
         )
         super().__init__(*args, **kwargs)
 
-    def formfield(
-        self,
-        form_class: type[forms.Field] | None = None,
-        choices_form_class: type[forms.ChoiceField] | None = None,
-        **kwargs: Any,
-    ) -> forms.Field | None:
+    def formfield(self, **kwargs: Any) -> forms.Field | None:  # type: ignore[override]
         kwargs.setdefault("widget", forms.HiddenInput)
-        return super().formfield(form_class, choices_form_class, **kwargs)
+        return super().formfield(**kwargs)
 
 
 class VersionedQuerySet(models.QuerySet[_V]):
@@ -67,8 +63,40 @@ class VersionedQuerySet(models.QuerySet[_V]):
         kwargs.setdefault(VERSION, F(VERSION) + 1)
         return super().update(**kwargs)
 
+    def bulk_create(
+        self,
+        objs: Iterable[_V],
+        batch_size: int | None = None,
+        ignore_conflicts: bool = False,
+        update_conflicts: bool = False,
+        update_fields: Collection[str] | None = None,
+        unique_fields: Collection[str] | None = None,
+    ) -> list[_V]:
+        """Django's ``bulk_create()``, but refuses ``update_conflicts=True``.
 
-class VersionedModel(models.Model):
+        An upsert would overwrite existing rows without checking or incrementing their
+        version (or set it back to the objects' own). Raises ``TypeError`` before any query.
+
+        Example::
+
+            Document.objects.bulk_create([Document(body="a"), Document(body="b")])
+        """
+        if update_conflicts:
+            raise TypeError(
+                f"bulk_create(update_conflicts=True) on {self.model._meta.label} would "
+                "overwrite rows without checking or incrementing their version; nothing "
+                "was written. Save the changed rows, or update() them."
+            )
+        return super().bulk_create(
+            objs,
+            batch_size=batch_size,
+            ignore_conflicts=ignore_conflicts,
+            update_fields=update_fields,
+            unique_fields=unique_fields,
+        )
+
+
+class VersionedModel(RawSaveAware):
     """Abstract model with optimistic versions: a save never overwrites a newer row.
 
     ``save()`` of an existing row is one ``UPDATE ... SET ..., version = v + 1 WHERE pk =
@@ -139,10 +167,14 @@ class VersionedModel(models.Model):
         # 6.0 returning_fields), passed on untouched. The result is Django's too: a bool
         # before 6.0, a list of returned rows after; truthy when a row was updated.
         version_field = cast("Field[Any, Any]", self._meta.get_field(VERSION))
-        if base_qs.model._meta.concrete_model is not version_field.model._meta.concrete_model:
-            # Another table of a multi-table inheritance chain: the version is not there.
-            # Decided by the table, not by the values: a save that leaves the version
-            # out of its values must still be checked, never silently unconditional.
+        if (
+            self._locks_raw
+            or base_qs.model._meta.concrete_model is not version_field.model._meta.concrete_model
+        ):
+            # A fixture's row, written as it is (loaddata); or another table of a
+            # multi-table inheritance chain, where the version is not. Decided by the
+            # table, not by the values: a save that leaves the version out of its values
+            # must still be checked, never silently unconditional.
             return super()._do_update(base_qs, using, pk_val, values, *args)
         expected = self.version
         # Whatever version the values carry, the row gets the one this check expects + 1.

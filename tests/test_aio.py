@@ -67,6 +67,23 @@ async def _holder() -> str:
     return task_holder()
 
 
+def test_blocking_calls_through_run_sync_hold_as_the_calling_task() -> None:
+    # Worker threads are reused across tasks: with the thread's own identity, a second
+    # task's acquire would silently re-enter the first task's lock.
+    async def take() -> tuple[str, locks.Lease | None]:
+        lease = await run_sync(locks.try_acquire, "aio:run-sync", ttl=30)
+        return task_holder(), lease
+
+    async def main() -> list[tuple[str, locks.Lease | None]]:
+        return [await asyncio.create_task(take()) for _ in range(3)] + [await take()]
+
+    (first_holder, first), *others = asyncio.run(main())
+    assert first is not None and first.holder == first_holder
+    assert [lease for _, lease in others] == [None, None, None]
+    first.release()
+    assert not Lock.objects.exists()
+
+
 def test_one_alock_object_shared_by_tasks_releases_each_tasks_own_lease() -> None:
     guard = locks.alock("aio:shared", ttl=0.5, timeout=10)
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import locks
-from tests.app.models import FencedRecord, FencedShipment
+from tests.app.models import FencedParcel, FencedRecord, FencedShipment
 from tests.remote import Remote, remotes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,6 +73,29 @@ def test_a_fenced_save_inserts_a_row_that_does_not_exist_yet() -> None:
         ("explicit", 6),
         ("new", 4),
     ]
+
+
+def test_a_fenced_save_of_a_row_deleted_since_it_was_loaded_does_not_bring_it_back() -> None:
+    record = FencedRecord.objects.create(key="k", data="a")
+    stale = FencedRecord.objects.get(pk=record.pk)
+    FencedRecord.objects.get(pk=record.pk).delete(fence=6)  # a newer holder deletes it
+    stale.data = "stale"
+    with pytest.raises(locks.StaleToken, match="deleted after this copy was loaded"):
+        stale.save(fence=5)
+    assert not FencedRecord.objects.exists()
+    stale.save(fence=7, force_insert=True)  # inserting anew is a choice to make explicitly
+    assert stored(record.pk) == ("stale", 7)
+
+
+def test_loaddata_writes_a_fixtures_fence_as_it_is(tmp_path: Path) -> None:
+    fixture = tmp_path / "records.json"
+    row = {"key": "k", "data": "from fixture", "fence": 12}
+    fixture.write_text(json.dumps([{"model": "testapp.fencedrecord", "pk": 80, "fields": row}]))
+    call_command("loaddata", str(fixture), verbosity=0)
+    assert stored(80) == ("from fixture", 12)
+    FencedRecord.objects.filter(pk=80).fenced_update(20, data="newer")
+    call_command("loaddata", str(fixture), verbosity=0)  # the fixture's row wins, as in Django
+    assert stored(80) == ("from fixture", 12)
 
 
 def test_an_unfenced_save_writes_the_data_but_never_moves_the_fence() -> None:
@@ -312,6 +338,34 @@ def test_fenced_writes_under_multi_table_inheritance_go_through_with_a_newer_tok
     assert FencedShipment.objects.values_list("data", "fence").get() == ("nine", 9)
     FencedShipment.objects.get(pk=child.pk).delete(fence=9)
     assert not FencedRecord.objects.exists()
+
+
+def test_a_fenced_update_across_tables_never_sets_an_older_fence_over_a_newer_one() -> None:
+    # The fence is the child's column, `label` the parent's: Django's own update would
+    # select the ids first and then write the child's fence by them without its condition.
+    # A newer holder writes in between (here, on the same connection, right after the
+    # first SELECT of the update): ours must be refused. (Its write shares our
+    # transaction here, so the refusal's rollback takes it back too.)
+    parcel = FencedParcel.objects.create(label="new", state="new")
+    parcel.save(fence=5)
+    table = connection.ops.quote_name(FencedParcel._meta.db_table)
+    newer = f"UPDATE {table} SET fence = 10, state = 'newer' WHERE parcel_ptr_id = %s"
+    injected: list[str] = []
+
+    def newer_holder_writes(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not injected and sql.lstrip().upper().startswith("SELECT"):
+            injected.append(sql)
+            with context["connection"].cursor() as cursor:
+                cursor.execute(newer, [parcel.pk])
+        return result
+
+    with connection.execute_wrapper(newer_holder_writes), pytest.raises(locks.StaleToken):
+        FencedParcel.objects.filter(state="new").fenced_update(5, label="stale")
+    assert injected
+    assert FencedParcel.objects.values_list("label", "state", "fence").get() == ("new", "new", 5)
+    assert FencedParcel.objects.filter(pk=parcel.pk).fenced_update(6, label="six") == 1
+    assert FencedParcel.objects.values_list("label", "fence").get() == ("six", 6)
 
 
 @pytest.mark.parametrize(

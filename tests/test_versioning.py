@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.core.management import call_command
+from django.db import IntegrityError, connection, models, transaction
 from django.db.models.signals import pre_save
+from django.forms import HiddenInput, modelform_factory
 from django.test import Client
-from django.test.utils import CaptureQueriesContext
+from django.test.utils import CaptureQueriesContext, isolate_apps
 from django.urls import reverse
 
 import locks
+from locks.checks import check_versioned_managers
 from locks.forms import STALE_VERSION, VersionedModelForm
+from locks.models import VersionedModel
 from tests.app.models import VersionedNote
 from tests.remote import Remote, remotes
 from tests.urls_versioning import FieldsetsNoteAdmin, FieldsNoteAdmin
@@ -185,6 +191,60 @@ def test_bulk_update_does_not_check_the_version_and_leaves_the_objects_at_their_
         stale.save()
 
 
+def test_a_bulk_upsert_that_would_bypass_the_version_is_refused_and_writes_nothing() -> None:
+    note = VersionedNote.objects.create(title="t", body="kept")
+    stale = VersionedNote(pk=note.pk, title="t", body="upserted")
+    with pytest.raises(TypeError, match="update_conflicts"):
+        VersionedNote.objects.bulk_create(
+            [stale], update_conflicts=True, update_fields=["body"], unique_fields=["id"]
+        )
+    assert stored(note.pk) == ("t", "kept", 1)
+    (made,) = VersionedNote.objects.bulk_create([VersionedNote(title="plain")])
+    assert stored(made.pk) == ("plain", "", 1)
+
+
+def test_loaddata_writes_a_fixtures_rows_as_they_are(tmp_path: Path) -> None:
+    fixture = tmp_path / "notes.json"
+    row = {"title": "from fixture", "body": "", "version": 5}
+    fixture.write_text(json.dumps([{"model": "testapp.versionednote", "pk": 90, "fields": row}]))
+    call_command("loaddata", str(fixture), verbosity=0)
+    call_command("loaddata", str(fixture), verbosity=0)  # again: the same row, unchanged
+    assert stored(90) == ("from fixture", "", 5)
+    note = VersionedNote.objects.get(pk=90)
+    note.body = "edited"
+    note.save()
+    call_command("loaddata", str(fixture), verbosity=0)  # the fixture's row wins, as in Django
+    assert stored(90) == ("from fixture", "", 5)
+
+
+def test_every_versioned_models_default_manager_increments_the_version_or_check_says_so() -> None:
+    assert check_versioned_managers() == []
+
+    with isolate_apps("tests.app") as isolated:
+
+        class PlainManagerNote(VersionedModel):
+            objects = models.Manager()  # type: ignore[assignment]
+
+            class Meta:
+                app_label = "testapp"
+
+        class Parent(models.Model):  # noqa: DJ008
+            class Meta:
+                app_label = "testapp"
+
+        class InheritedNote(Parent, VersionedModel):  # noqa: DJ008
+            class Meta:
+                app_label = "testapp"
+
+        assert isolated is not None
+        errors = check_versioned_managers(app_configs=[isolated.get_app_config("testapp")])
+    assert [(e.id, e.obj.__name__) for e in errors] == [
+        ("locks.E006", "PlainManagerNote"),
+        ("locks.E006", "InheritedNote"),
+    ]
+    assert "update() would not increment the version" in errors[0].msg
+
+
 def test_two_processes_saving_the_same_row_lose_no_update(start: Callable[..., Remote]) -> None:
     note = VersionedNote.objects.create(title="shared")
     first, second = start(), start()
@@ -220,6 +280,21 @@ def test_the_form_carries_the_version_in_a_hidden_field() -> None:
     note.save()
     html = str(NoteForm(instance=note))
     assert 'type="hidden" name="version" value="2"' in html
+
+
+def test_any_model_form_of_a_versioned_model_carries_the_version_and_checks_it() -> None:
+    # A ModelForm that is not a VersionedModelForm (admin inlines, list_editable, generic
+    # UpdateViews with fields="__all__") builds the version's field from the model field.
+    note = VersionedNote.objects.create(title="t")
+    form_class = modelform_factory(VersionedNote, fields="__all__")
+    assert isinstance(form_class().fields["version"].widget, HiddenInput)
+    data = {"title": "edited", "body": "", "version": "1"}
+    VersionedNote.objects.filter(pk=note.pk).update(body="theirs")
+    form = form_class(data, instance=VersionedNote.objects.get(pk=note.pk))
+    assert form.is_valid(), form.errors
+    with pytest.raises(locks.ConcurrentUpdate):
+        form.save()
+    assert stored(note.pk) == ("t", "theirs", 2)
 
 
 def test_a_form_edit_based_on_an_old_version_is_refused_with_a_clear_error() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from locks.models import FencedModel, VersionedModel
+from locks.models import FencedModel, FencedQuerySet, VersionedModel
 
 
 class Counter(models.Model):
@@ -54,6 +54,27 @@ class FencedShipment(FencedRecord):
     """A FencedRecord's child by multi-table inheritance: its fence is the parent's column."""
 
     carrier = models.CharField(max_length=100, blank=True, default="")
+
+
+class Parcel(models.Model):
+    """A plain model with a fenced child: its fields live on another table than the fence."""
+
+    label = models.CharField(max_length=100, blank=True, default="")
+
+    def __str__(self) -> str:
+        return self.label
+
+
+class FencedParcel(Parcel, FencedModel):  # type: ignore[misc]  # two default managers: ours wins
+    """Fenced by multi-table inheritance from a plain parent: the fence is the child's column."""
+
+    state = models.CharField(max_length=100, blank=True, default="")
+
+    # The parent's automatic manager would come first, without fenced_update().
+    objects = FencedQuerySet.as_manager()  # type: ignore[misc,django-manager-missing]
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.state} (fence {self.fence})"
 
 
 class VersionedNote(VersionedModel):
