@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.db.transaction import TransactionManagementError
 
 from . import validation
@@ -294,9 +294,12 @@ def lock_rows(
 
     Must run inside ``transaction.atomic()`` on the queryset's database: the locks last
     until that transaction ends. ``nowait``, ``timeout`` and ``skip_locked`` work as in
-    :func:`row_lock`; ``skip_locked`` leaves out the rows other transactions hold. A
-    ``LockBusy`` leaves the transaction usable (the attempt runs in a savepoint). On
-    SQLite the database's write lock stands in for the row locks.
+    :func:`row_lock`; ``skip_locked`` leaves out the rows other transactions hold. With
+    ``nowait`` or ``timeout``, a ``LockBusy`` leaves the transaction usable (the attempt
+    runs in a savepoint); without them, a wait cut short by the server's own limit ends
+    as any failed statement does (on PostgreSQL the transaction is aborted). ``of`` and
+    ``no_key`` given to the queryset's ``select_for_update()`` are kept. On SQLite the
+    database's write lock stands in for the row locks.
 
     Example::
 
@@ -309,7 +312,14 @@ def lock_rows(
         raise TypeError(f"lock_rows() needs a QuerySet, not {type(queryset).__name__}")
     what = f"row locks on {queryset.model._meta.label} rows"
     wait = _Wait.build(what, nowait, skip_locked, timeout)
-    locking = queryset.select_for_update(nowait=wait.nowait, skip_locked=wait.skip_locked)
+    # of= and no_key= set on the queryset beforehand are kept (select_for_update resets them).
+    query = queryset.query
+    locking = queryset.select_for_update(
+        nowait=wait.nowait,
+        skip_locked=wait.skip_locked,
+        of=query.select_for_update_of,
+        no_key=query.select_for_no_key_update,
+    )
     alias = locking.db
     connection = connections[alias]
     if not connection.in_atomic_block:
@@ -326,7 +336,7 @@ def lock_rows(
             if backend.has_row_locks:
                 scope.enter_context(backend.bounded_wait(connection, wait.timeout))
                 return list(locking)
-            if not _take_write_lock(connection, backend, wait):
+            if not _take_write_lock(connection, backend, wait, queryset.model):
                 return []
             return list(locking)
     except DatabaseError as exc:
@@ -336,11 +346,15 @@ def lock_rows(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _take_write_lock(connection: BaseDatabaseWrapper, backend: Backend, wait: _Wait) -> bool:
+def _take_write_lock(
+    connection: BaseDatabaseWrapper, backend: Backend, wait: _Wait, model: type[Model]
+) -> bool:
     """Take the database's write lock for :func:`lock_rows`; False if skipped as busy."""
+    quote = connection.ops.quote_name
+    table, column = quote(model._meta.db_table), quote(model._meta.pk.column)
     try:
         with backend.bounded_wait(connection, wait.database_wait), connection.cursor() as cursor:
-            backend.take_write_lock(cursor)
+            backend.take_write_lock(cursor, table, column)
     except DatabaseError as exc:
         if wait.skip_locked and backend.is_lock_busy(exc):
             return False

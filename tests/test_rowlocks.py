@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import NotSupportedError, connection, connections, transaction
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
@@ -399,6 +399,34 @@ def test_lock_rows_returns_the_locked_objects_and_holds_them() -> None:
     with transaction.atomic():
         rows = locks.lock_rows(Item.objects.filter(pk__in=[i.pk for i in items]).order_by("pk"))
         assert [(row.name, row.value) for row in rows] == [("a", 1), ("b", 2)]
+
+
+def test_lock_rows_keeps_the_querysets_of_and_no_key() -> None:
+    item = Item.objects.create(name="a")
+    rows = Item.objects.filter(pk=item.pk).select_for_update(of=("self",), no_key=True)
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        if connection.vendor == "mysql":
+            # MariaDB has neither: Django says so rather than locking otherwise than asked.
+            with pytest.raises(NotSupportedError, match="not supported"):
+                locks.lock_rows(rows)
+            return
+        assert locks.lock_rows(rows) == [item]
+    sql = [q["sql"] for q in queries.captured_queries]
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(Item._meta.db_table)
+        assert any(f"FOR NO KEY UPDATE OF {table}" in each for each in sql), sql
+    else:  # SQLite locks the file for writing; FOR UPDATE clauses do not exist there
+        assert not any("FOR " in each for each in sql), sql
+
+
+def test_lock_rows_touches_no_table_but_the_querysets_own() -> None:
+    # So it works on a database that has the queryset's tables but not the locks app's.
+    item = Item.objects.create(name="a")
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        assert locks.lock_rows(Item.objects.filter(pk=item.pk)) == [item]
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert sql and all(Item._meta.db_table in each for each in sql if "SAVEPOINT" not in each)
+    assert not any("locks_" in each for each in sql), sql
 
 
 @NEEDS_ROW_LOCKS

@@ -305,10 +305,11 @@ class Backend:
         )
         return cursor.fetchone() is not None
 
-    def take_write_lock(self, cursor: Cursor) -> None:
+    def take_write_lock(self, cursor: Cursor, table: str, column: str) -> None:
         """Take the database's write lock for the current transaction, writing nothing.
 
-        Only for databases without row locks, where it stands in for them.
+        Only for databases without row locks, where it stands in for them. ``table`` and
+        ``column`` (quoted) name a table of that database and one of its columns.
         """
 
     def bounded_wait(

@@ -85,8 +85,8 @@ EXTRAS = [
 ]
 
 # Any write statement takes the file's write lock for the transaction, even one that
-# changes no row.
-TAKE_WRITE_LOCK = "UPDATE locks_rowlock SET name = name WHERE 0"
+# changes no row: on the queryset's own table, which is in the database it reads.
+TAKE_WRITE_LOCK = "UPDATE {table} SET {column} = {column} WHERE 0"
 
 
 def _modifier(ttl: float) -> str:
@@ -183,8 +183,8 @@ class SQLiteBackend(Backend):
             if int(cursor.fetchone()[0]) < SYNCHRONOUS_FULL:
                 cursor.execute(f"PRAGMA synchronous = {SYNCHRONOUS_FULL}")
 
-    def take_write_lock(self, cursor: Cursor) -> None:
-        cursor.execute(TAKE_WRITE_LOCK)
+    def take_write_lock(self, cursor: Cursor, table: str, column: str) -> None:
+        cursor.execute(TAKE_WRITE_LOCK.format(table=table, column=column))
 
     @contextmanager
     def _busy_timeout(self, connection: BaseDatabaseWrapper, timeout: float) -> Iterator[None]:
