@@ -6,11 +6,15 @@ import hashlib
 import inspect
 import json
 import logging
+import math
+import os
+import signal
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
 from celery import Task
+from celery.canvas import _chain
 from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
 from celery.signals import task_revoked
@@ -40,6 +44,8 @@ _RUN_MARK = "locks_run_entered"
 # Set on a run's request when it replaced itself (Task.replace) by a run of the same key,
 # which takes the lease over: the run's end then leaves it alone.
 _HANDED_OVER = "locks_handed_over"
+# The run's own lease, on its request, for on_replace.
+_RUN_LEASE = "locks_run_lease"
 
 
 def fit_key(key: str) -> str:
@@ -243,6 +249,9 @@ class SingletonTask(Task[..., Any]):
         headers = dict(options.get("headers") or {})
         key = headers.get(KEY_HEADER) or self.lock_name(args, kwargs)
         task_id = validation.check_holder(task_id or uuid())
+        # A run held back by countdown or eta starts that much later: until then it is
+        # queued, and its key must stay taken (retries come this way too).
+        ttl = min(ttl + _delay(options, self.app.timezone), validation.MAX_TTL)
         for _ in range(_DUPLICATE_ATTEMPTS):
             lease = leases.try_acquire(key, ttl=ttl, holder=task_id, using=alias, note=self._note())
             if lease is not None:
@@ -327,6 +336,7 @@ class SingletonTask(Task[..., Any]):
             return super().__call__(*args, **kwargs)
         setattr(request, _RUN_MARK, True)
         lease = self._enter_run(str(request.id), args, kwargs)
+        setattr(request, _RUN_LEASE, lease)
         retrying = False
         try:
             # Not super().__call__: it would push a request without the task id.
@@ -335,27 +345,52 @@ class SingletonTask(Task[..., Any]):
             retrying = True  # the retry is queued under the same task id: keep the lock
             raise
         finally:
-            if not retrying and not getattr(request, _HANDED_OVER, False):
-                _release_quietly(lease, f"task {self.name}[{request.id}] ended", entirely=True)
+            if retrying or getattr(request, _HANDED_OVER, False):
+                # No run holds it until the next one starts: the TTL its enqueue gave it
+                # covers the wait, so auto-renew must stop (no run may be left to end it).
+                lease._stop_renewals()
+            else:
+                _release_quietly(
+                    lease, f"task {self.name}[{request.id}] ended", entirely=True, gone_ok=True
+                )
 
     def on_replace(self, sig: Any) -> Any:
         """Replaced (``self.replace(...)``) by a run of this task with the same key, the run
-        hands its lease over, as a retry keeps it; other replacements change nothing.
+        hands its lease over, as a retry keeps it; before any other replacement it releases
+        its lease, since it ends right after.
+
+        The replacement (the first task of a chain: the one that inherits this run's id)
+        is sent out after this, and must not find the key taken by the run it replaces.
 
         Example::
 
             raise self.replace(self.s(invoice_id, attempt + 1))  # the same lock_key
         """
         request = self.request
-        if getattr(request, _RUN_MARK, False) and getattr(sig, "task", None) == self.name:
-            key = self._run_key(tuple(request.args or ()), dict(request.kwargs or {}))
-            if self.lock_name(sig.args, sig.kwargs) == key:
-                # The replacement goes out under this run's task id: with the key header,
-                # apply_async takes it for the re-enqueue it is, not for a duplicate.
-                headers = {**(sig.options.get("headers") or {}), KEY_HEADER: key}
-                sig.set(headers=headers)
-                setattr(request, _HANDED_OVER, True)
-        return super().on_replace(sig)
+        lease = getattr(request, _RUN_LEASE, None)
+        if not getattr(request, _RUN_MARK, False) or lease is None:
+            return super().on_replace(sig)
+        first = sig.tasks[0] if isinstance(sig, _chain) and sig.tasks else sig
+        key = self._run_key(tuple(request.args or ()), dict(request.kwargs or {}))
+        if (
+            getattr(first, "task", None) == self.name
+            and first.options.get("task_id") == request.id
+            and self.lock_name(first.args, first.kwargs) == key
+        ):
+            # It goes out under this run's task id: with the key header, apply_async
+            # takes it for the re-enqueue it is, not for a duplicate.
+            first.set(headers={**(first.options.get("headers") or {}), KEY_HEADER: key})
+            setattr(request, _HANDED_OVER, True)
+        else:
+            _release_quietly(lease, f"task {self.name}[{request.id}] was replaced", entirely=True)
+        try:
+            return super().on_replace(sig)
+        except Ignore:
+            raise  # sent: the run ends here, as Celery means it to
+        except BaseException:
+            # Not sent: the run ends with this error, and its end releases what it holds.
+            setattr(request, _HANDED_OVER, False)
+            raise
 
     def _enter_run(
         self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -412,12 +447,47 @@ def _release_quietly(
         )
 
 
+def _delay(options: Mapping[str, Any], timezone: tzinfo) -> float:
+    """Seconds from now until a message sent with these options may run (countdown, eta).
+
+    A naive ``eta`` is in ``timezone`` (the Celery app's), as Celery reads it.
+    """
+    countdown, eta = options.get("countdown"), options.get("eta")
+    if isinstance(countdown, int | float) and not isinstance(countdown, bool):
+        seconds = float(countdown)
+    else:
+        if isinstance(eta, str):
+            try:
+                eta = datetime.fromisoformat(eta)
+            except ValueError:
+                return 0.0  # Celery refuses it itself
+        if not isinstance(eta, datetime):
+            return 0.0
+        if eta.tzinfo is None:
+            eta = eta.replace(tzinfo=timezone)
+        seconds = (eta - datetime.now(UTC)).total_seconds()
+    return 0.0 if math.isnan(seconds) else max(0.0, min(seconds, validation.MAX_TTL))
+
+
+def _ends_the_run(signum: Any) -> bool:
+    """Whether ``revoke(terminate=True, signal=signum)`` surely ends a prefork run.
+
+    SIGKILL always does; SIGTERM does unless the worker remaps it (``REMAP_SIGTERM``), and
+    then, as with any other signal (SIGUSR1's ``SoftTimeLimitExceeded``, say), the run may
+    catch it and go on: its own end releases the lease, or it expires after ``lock_ttl``.
+    """
+    if signum == signal.SIGKILL:
+        return True
+    return signum in (signal.SIGTERM, None) and not os.environ.get("REMAP_SIGTERM")
+
+
 def _release_revoked(sender: Any = None, request: Any = None, **signal_info: Any) -> None:
     """Free the key of a SingletonTask message the worker dropped or killed unfinished.
 
     Celery sends ``task_revoked`` (in the worker's main process) for a message discarded by
     ``revoke()`` or ``expires`` and for a run killed by ``revoke(terminate=True)``: no run
     ends, so without this the lease taken at enqueue would block the key for ``lock_ttl``.
+    A run sent a signal it may survive keeps its lease (:func:`_ends_the_run`).
     """
     if not isinstance(sender, SingletonTask) or request is None or not request.id:
         return
@@ -425,6 +495,16 @@ def _release_revoked(sender: Any = None, request: Any = None, **signal_info: Any
     key = request.get(KEY_HEADER) or (request.headers or {}).get(KEY_HEADER)
     if not isinstance(key, str):
         return  # sent around apply_async: it never took a lease
+    if signal_info.get("terminated") and not _ends_the_run(signal_info.get("signum")):
+        logger.warning(
+            "task %s[%s] was sent signal %s, which it may survive: lock %r stays held until "
+            "its run ends (or for lock_ttl)",
+            sender.name,
+            task_id,
+            signal_info.get("signum"),
+            key,
+        )
+        return
     try:
         _, alias, _ = sender._lock_options()
         released = leases.release_holding(validation.check_name(key), task_id, alias)

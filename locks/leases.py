@@ -322,8 +322,9 @@ class Lease:
         self._mutex = threading.Lock()
         # A forked child inherits this object, but the holding is the parent's.
         self._pid = os.getpid()
-        # Set once a release was tried: the auto-renew watchdog stops renewing, also when
-        # the release failed (the holder wanted it over; it expires by itself then).
+        # Set once a release was tried (or _stop_renewals ran): the auto-renew watchdog stops
+        # renewing, also when the release failed (the holder wanted it over; it expires by
+        # itself then).
         self._releasing = False
 
     def __repr__(self) -> str:
@@ -356,6 +357,14 @@ class Lease:
 
     def _renew_interval(self) -> float:
         return max(self.ttl * conf.RENEW_FRACTION, 0.001)
+
+    def _stop_renewals(self) -> None:
+        """Have the auto-renew watchdog leave this lease alone from now on.
+
+        For a holding this object no longer stands for (a Celery run that retried): it
+        stays held until it expires or its holder releases it.
+        """
+        self._releasing = True
 
     def _mark_lost(self) -> None:
         if self._state == HELD:

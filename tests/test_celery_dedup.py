@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from celery import Celery
+from celery import Celery, chain
 
 import locks
 import tests.celery_tasks  # noqa: F401 - registers the test tasks with every app
@@ -346,6 +346,38 @@ def test_run_terminated_by_revoke_releases_its_lock(worker: Worker, tmp_path: Pa
     gate.touch()
     wait_until(lambda: finished_runs("terminated"), what="the new run")
     wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="its release")
+
+
+def test_run_sent_a_signal_it_survives_keeps_its_lock_until_it_ends(
+    worker: Worker, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    task = singleton(worker.app, "tests.survive_signal")
+    key = task.lock_name(("survivor", str(gate)))
+    first = task.delay("survivor", str(gate))
+    wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).exists(), what="the run")
+    first.revoke(terminate=True, signal="SIGUSR1")
+    wait_until(lambda: CeleryRun.objects.filter(label="survivor:caught").exists(), what="the catch")
+    wait_until(lambda: f"{first.id}] was sent signal" in worker.process.text(), what="the revoke")
+    # The run goes on: its key must still turn a second run away.
+    assert Lock.objects.filter(name=key, holder=first.id).exists()
+    assert task.delay("survivor", str(gate)).id == first.id
+    gate.touch()
+    wait_until(lambda: finished_runs("survivor"), what="the run's end")
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="its release")
+    assert CeleryRun.objects.filter(label="survivor").count() == 1
+
+
+def test_a_run_in_a_chain_that_replaces_itself_hands_over_and_the_chain_goes_on(
+    worker: Worker,
+) -> None:
+    replace_self = singleton(worker.app, "tests.replace_self")
+    record = singleton(worker.app, "tests.record")
+    workflow = chain(replace_self.si("chained", 1), record.si("after-replace"))
+    workflow.apply_async()
+    wait_until(lambda: finished_runs("after-replace"), what="the rest of the chain")
+    assert CeleryRun.objects.filter(label="chained").count() == 2
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
 def test_revoked_message_leaves_a_lock_that_another_holder_took_alone(

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
+import signal
+import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from celery import Celery
 from celery.app.task import Context
+from celery.exceptions import Retry
 from celery.signals import task_revoked
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -334,15 +337,118 @@ def test_enqueue_under_the_task_id_of_a_queued_run_is_a_duplicate(app: Celery) -
     assert Lock.objects.get(holder="inv-7").count == 1
 
 
-def revoke(task: SingletonTask, task_id: str, key: str) -> None:
-    """Send the worker's ``task_revoked`` signal as Celery does, with the message's context."""
+def revoke(task: SingletonTask, task_id: str, key: str, signum: int | None = None) -> None:
+    """Send the worker's ``task_revoked`` signal as Celery does, with the message's context:
+    for a message dropped unrun, or with ``signum`` for a run sent that signal."""
     task_revoked.send(
         sender=task,
         request=Context({"id": task_id, KEY_HEADER: key}),
-        terminated=False,
-        signum=None,
-        expired=True,
+        terminated=signum is not None,
+        signum=signum,
+        expired=signum is None,
     )
+
+
+@pytest.mark.parametrize(
+    ("signum", "remapped", "released"),
+    [
+        (signal.SIGKILL, False, True),
+        (signal.SIGTERM, False, True),
+        (signal.SIGTERM, True, False),  # REMAP_SIGTERM: the run may catch it
+        (signal.SIGUSR1, False, False),  # a soft time limit, which the run may catch
+        (signal.SIGINT, False, False),
+    ],
+)
+def test_revoke_terminating_a_run_frees_its_key_only_if_the_signal_surely_ends_it(
+    app: Celery, monkeypatch: pytest.MonkeyPatch, signum: int, remapped: bool, released: bool
+) -> None:
+    if remapped:
+        monkeypatch.setenv("REMAP_SIGTERM", "SIGQUIT")
+    task = make_task(app, "t.terminated")
+    sent = task.delay(1)
+    revoke(task, sent.id, task.lock_name((1,)), signum=signum)
+    assert Lock.objects.filter(holder=sent.id).exists() is not released
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        lambda later: {"countdown": 120},
+        lambda later: {"eta": later},
+        lambda later: {"eta": later.replace(tzinfo=None)},  # read as UTC, the app's zone
+        lambda later: {"eta": later.isoformat()},
+    ],
+    ids=["countdown", "eta", "naive-eta", "eta-text"],
+)
+def test_a_run_held_back_by_countdown_or_eta_keeps_its_key_until_it_may_start(
+    app: Celery, when: Callable[[datetime], dict[str, Any]]
+) -> None:
+    task = make_task(app, "t.later", lock_ttl=10)
+    sent = task.apply_async((1,), **when(datetime.now(UTC) + timedelta(seconds=120)))
+    held = Lock.objects.get(holder=sent.id)
+    # 10 s of lock_ttl from when it may start (in 120 s), not from when it was sent.
+    assert (held.expires_at - held.acquired_at).total_seconds() == pytest.approx(130, abs=2)
+    assert task.delay(1).id == sent.id  # a minute on, still a duplicate
+    assert queued(app) == 1
+
+
+def run_in_process(task: SingletonTask, *args: Any) -> None:
+    """Run ``task`` here as a worker would: a request with an id and the key header."""
+    task.push_request(
+        id=f"run-{time.monotonic_ns()}",
+        args=args,
+        kwargs={},
+        headers={KEY_HEADER: task.lock_name(args)},
+    )
+    task.request.called_directly = False
+    try:
+        task(*args)
+    except (Retry, OperationalError):
+        pass
+    finally:
+        task.pop_request()
+
+
+def test_a_retry_stops_the_auto_renewal_of_the_runs_lease(app: Celery) -> None:
+    # No run holds the lease while the retry waits in the queue: renewing it on would keep
+    # the key taken for as long as this worker process lives, whatever becomes of the retry.
+    def body(self: SingletonTask, n: int) -> None:
+        raise self.retry(countdown=0, max_retries=3)
+
+    decorate: Any = app.task
+    task = decorate(
+        base=SingletonTask,
+        name="t.retry-renewed",
+        shared=False,
+        bind=True,
+        lock_ttl=1,
+        lock_auto_renew=True,
+    )(body)
+    run_in_process(task, 1)
+    assert queued(app) == 1  # the retry
+    key = task.lock_name((1,))
+    assert locks.is_locked(key)
+    deadline = time.monotonic() + 10
+    while locks.is_locked(key) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not locks.is_locked(key), "the lease was renewed on after the retry"
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:1/0", "amqp://guest:guest@127.0.0.1:1//"], ids=["redis", "amqp"]
+)
+def test_a_replacement_that_cannot_be_sent_leaves_no_lease_behind(url: str) -> None:
+    app = make_app(url, unique_queue())
+    app.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0}
+
+    def body(self: SingletonTask, n: int) -> None:
+        raise self.replace(self.signature((n,), retry=False))
+
+    decorate: Any = app.task
+    task = decorate(base=SingletonTask, name="t.replaced", shared=False, bind=True)(body)
+    run_in_process(task, 1)
+    assert not Lock.objects.exists()  # the run failed, and its end released the key
+    app.close()
 
 
 def test_revoke_frees_its_own_key_in_one_statement(app: Celery, own_queries: OwnQueries) -> None:
