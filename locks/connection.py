@@ -147,6 +147,10 @@ class DirectCursor:
         with self._errors:
             return self._cursor.fetchone()
 
+    def close(self) -> None:
+        """Close the driver cursor, finishing a statement left unfinished."""
+        self._cursor.close()
+
     @property
     def rowcount(self) -> int:
         """Rows the last statement changed (matched, on MySQL/MariaDB)."""

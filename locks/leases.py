@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import itertools
 import logging
@@ -12,7 +11,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ContextDecorator
+from contextlib import ContextDecorator, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -74,6 +73,23 @@ def _execute(alias: str, what: str, name: str, operation: Callable[[Backend, Cur
             # A broken connection is replaced on the next call (e.g. after a server restart).
             wrapper.close_if_unusable_or_obsolete()
             exc.add_note(f"locks: while trying to {what} lock {name!r} on database {alias!r}")
+            raise
+        except BaseException:
+            # Interrupted by something else mid-statement (a signal handler's exception,
+            # Celery's soft time limit, KeyboardInterrupt): the statement may still run on
+            # the server or have its result unread, and on SQLite hold the file's write
+            # lock, so every later call on this connection would fail or wait. Ending the
+            # session cancels or rolls back whatever was in flight.
+            with suppress(Exception):
+                backend.cancel(wrapper.connection)
+            # The kept cursor first: SQLite closes a connection with an unfinished
+            # statement only once that statement is gone, keeping its lock till then.
+            cached = wrapper.__dict__.pop("locks_cursor", None)
+            with suppress(Exception):
+                if cached is not None:
+                    cached[2].close()
+            with suppress(Exception):
+                wrapper.close()
             raise
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -268,7 +284,7 @@ class _Request:
                 self._time_left(deadline, timeout)
         finally:
             if queued:
-                with contextlib.suppress(DatabaseError):
+                with suppress(DatabaseError):
                     _execute(
                         self.using, "stop waiting for", self.name,
                         lambda b, cursor: b.leave_queue(cursor, self.name),

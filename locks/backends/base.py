@@ -252,6 +252,13 @@ class Backend:
     def on_connect(self, connection: BaseDatabaseWrapper) -> None:
         """Prepare a freshly opened connection of the app's own."""
 
+    def cancel(self, raw: Any) -> None:
+        """Cancel the statement in flight on driver connection ``raw``, if the driver can.
+
+        For a call interrupted while its statement runs on (closing the connection alone
+        would leave the server to notice the missing client only when it answers).
+        """
+
     def driver_cursor(self, cursor: Any) -> Any:
         """The cursor under a Django cursor that lock statements can use directly.
 

@@ -265,6 +265,10 @@ class PostgreSQLBackend(Backend):
         for notify in raw.notifies(timeout=timeout):
             yield notify.payload
 
+    def cancel(self, raw: Any) -> None:
+        if raw is not None:
+            raw.cancel_safe(timeout=5.0)
+
     def is_transient(self, exc: BaseException) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) in TRANSIENT_SQLSTATES
 
