@@ -211,14 +211,20 @@ def _thread_holder() -> str:
 
 
 def _refuse_event_loop(view: Any) -> None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
+    # A bound dispatch() (method_decorator passes it in a partial) of an async class-based
+    # view returns a coroutine: under WSGI no event loop runs yet, but the lease would
+    # end before the handler even started.
+    owner = getattr(getattr(view, "func", view), "__self__", None)
+    if not getattr(owner, "view_is_async", False):
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
     raise TypeError(
-        f"lock_view: {_label(view)!r} is synchronous but runs inside an "
-        "event loop (e.g. method_decorator on dispatch() of an async class-based view); use "
-        "LockViewMixin, or decorate the async handler (get, post) itself"
+        f"lock_view: {_label(view)!r} is synchronous but serves an async view or runs "
+        "inside an event loop (e.g. method_decorator on dispatch() of an async class-based "
+        "view), so the lease would not cover the handler; use LockViewMixin, or decorate "
+        "the async handler (get, post) itself"
     )
 
 

@@ -382,6 +382,27 @@ def test_sync_lock_view_inside_an_event_loop_says_what_to_do() -> None:
         asyncio.run(call())
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("held", [False, True], ids=["free", "held"])
+def test_sync_lock_view_on_an_async_views_dispatch_under_wsgi_says_what_to_do(
+    held: bool,
+) -> None:
+    # Under WSGI no event loop runs when dispatch() is called; it returns the coroutine
+    # of the async handler, which would run after the lease ended (or, busy, the 423
+    # would be awaited as if it were that coroutine).
+    @method_decorator(lock_view("cbv:{pk}", ttl=30), name="dispatch")
+    class Wrong(View):
+        async def get(self, request: Any, pk: int) -> Any:  # pragma: no cover
+            raise AssertionError("must not run")
+
+    other = locks.acquire("cbv:1", ttl=30, holder=OTHER) if held else None
+    with pytest.raises(TypeError, match="LockViewMixin"):
+        Wrong.as_view()(RequestFactory().get("/"), pk=1)
+    assert Lock.objects.filter(name="cbv:1").count() == int(held)
+    if other is not None:
+        other.release()
+
+
 def test_mixin_without_key_is_a_clear_error() -> None:
     class NoKey(LockViewMixin, View):
         pass
