@@ -84,6 +84,22 @@ def test_list_says_when_there_is_nothing() -> None:
     assert fails("list", "--expired", "--all")[0] == 2
 
 
+def test_list_escapes_characters_that_would_fake_rows_or_reach_the_terminal() -> None:
+    # Names come from URLs through lock_view: an outsider can plant any of these.
+    locks.acquire("evil\nfake-row", ttl=30, holder="worker\x1b[2J")
+    locks.acquire("invoice\u202efdp.exe", ttl=30, holder="tab\there\u200b")  # Cc and Cf
+    locks.acquire("back\\nslash", ttl=30, holder="w")  # a backslash, then "n"
+    out, _ = run("list")
+    assert all(char.isprintable() for char in out.replace("\n", ""))
+    lines = out.splitlines()
+    assert len(lines) == 4, "one line per lock, and the header"
+    assert sorted(line.split()[:2] for line in lines[1:]) == [
+        ["back\\\\nslash", "w"],
+        ["evil\\nfake-row", "worker\\x1b[2J"],
+        ["invoice\\u202efdp.exe", "tab\\there\\u200b"],
+    ]
+
+
 def test_break_with_yes_breaks_and_the_holder_gets_lock_lost() -> None:
     lease = locks.acquire("orders:9", ttl=30, holder="worker-9")
     out, _ = run("break", "orders:9", "--yes")

@@ -68,11 +68,26 @@ def _rows(alias: str, names: list[str] | None = None, state: str = "held") -> li
     return rows
 
 
+def _printable(text: str) -> str:
+    """``text`` with what ``repr()`` escapes escaped the same way, without the quotes.
+
+    Names come from outside (``lock_view`` fills them from URLs): a raw line break would
+    print a fake row, an escape sequence would reach the operator's terminal. So every
+    character that is not printable (Unicode categories ``C*`` -- control, format,
+    surrogate, private use, unassigned -- and the separators other than the space) is
+    escaped, and a backslash is doubled so that an escape cannot be faked. It is the
+    spelling of the name in ``Broke lock 'a\\nb'`` and other messages of this command.
+    """
+    return "".join(
+        char if char.isprintable() and char != "\\" else repr(char)[1:-1] for char in text
+    )
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     cells = [
         (
-            row["name"],
-            row["holder"],
+            _printable(row["name"]),
+            _printable(row["holder"]),
             str(row["count"]),
             str(row["token"]),
             row["acquired_at"][:23].replace("T", " "),
