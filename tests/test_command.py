@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -98,6 +99,14 @@ def test_list_escapes_characters_that_would_fake_rows_or_reach_the_terminal() ->
         ["evil\\nfake-row", "worker\\x1b[2J"],
         ["invoice\\u202efdp.exe", "tab\\there\\u200b"],
     ]
+
+
+def test_list_shows_the_acquired_time_to_the_millisecond_with_zero_microseconds() -> None:
+    locks.acquire("orders:whole", ttl=30, holder="worker")
+    whole_second = datetime(2026, 11, 26, 0, 37, 17, tzinfo=UTC)
+    Lock.objects.filter(name="orders:whole").update(acquired_at=whole_second)
+    row = run("list")[0].splitlines()[1]
+    assert row.startswith("orders:whole ") and " 2026-11-26 00:37:17.000 " in row
 
 
 def test_break_with_yes_breaks_and_the_holder_gets_lock_lost() -> None:

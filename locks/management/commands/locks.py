@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime
 from typing import Any, TextIO
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -83,6 +84,11 @@ def _printable(text: str) -> str:
     )
 
 
+def _when(iso: str) -> str:
+    """``acquired_at`` to the millisecond; ``isoformat()`` leaves out zero microseconds."""
+    return datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M:%S.%f")[:23]
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     cells = [
         (
@@ -90,7 +96,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
             _printable(row["holder"]),
             str(row["count"]),
             str(row["token"]),
-            row["acquired_at"][:23].replace("T", " "),
+            _when(row["acquired_at"]),
             f"{row['expires_in']:.1f} s",
             row["state"],
         )
