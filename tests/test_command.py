@@ -8,12 +8,14 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, connections
 
 import locks
 from locks.backends import for_connection
@@ -217,6 +219,35 @@ def test_unknown_database_alias_is_a_usage_error() -> None:
     assert code == 2 and "nope" in message
 
 
+@contextmanager
+def lock_table_away(alias: str) -> Iterator[None]:
+    """Rename ``alias``'s lock table for the block, as if it had never been migrated.
+
+    A committed rename, so the app's own connection (``reap``) misses the table too, on
+    every database (MariaDB cannot roll back DDL).
+    """
+    connection = connections[alias]
+    table, away = (connection.ops.quote_name(n) for n in ("locks_lock", "locks_lock_away"))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} RENAME TO {away}")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {away} RENAME TO {table}")
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.parametrize("args", [["list"], ["break", "orders:1", "--yes"], ["reap"]])
+def test_a_database_without_the_lock_table_says_to_migrate_and_exits_3(args: list[str]) -> None:
+    locks.acquire("orders:1", ttl=30, holder="worker")  # on "default", which stays
+    with lock_table_away("other"):
+        code, message = fails(*args, "--database", "other")
+    assert code == 3
+    assert "'other'" in message and "manage.py migrate locks --database other" in message
+    assert Lock.objects.get().holder == "worker"
+
+
 def manage(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "manage.py", "locks", *args],
@@ -229,6 +260,7 @@ def manage(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
 def test_exit_codes_of_the_real_command() -> None:
     lease = locks.acquire("orders:cli", ttl=30, holder="worker-cli")
     listed = manage("list")
@@ -240,6 +272,9 @@ def test_exit_codes_of_the_real_command() -> None:
     assert manage().returncode == 2  # no subcommand: argparse usage error
     assert manage("reap", "--batch-size", "0").returncode == 2
     assert Lock.objects.get().token == lease.token
+    with lock_table_away("other"):
+        unmigrated = manage("list", "--database", "other")
+    assert unmigrated.returncode == 3 and "migrate locks --database other" in unmigrated.stderr
     broken = manage("break", "orders:cli", "--yes")
     assert broken.returncode == 0 and "Broke lock 'orders:cli'" in broken.stdout
     assert not Lock.objects.exists()

@@ -1,7 +1,8 @@
 """``manage.py locks list|break|reap``: look at lock rows, break locks, delete expired rows.
 
 Exit codes: 0 done; 1 some names were unknown (or not broken), or the prompt was declined;
-2 bad usage (bad arguments, or no way to confirm a break).
+2 bad usage (bad arguments, or no way to confirm a break); 3 the database has no lock table
+(not migrated).
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 
 from locks import validation
 from locks.conf import conf
 from locks.leases import break_lock, reap_expired
 from locks.models import DatabaseNow, Lock
 
-USAGE = 2
 PARTIAL = 1
+USAGE = 2
+NOT_MIGRATED = 3
 COLUMNS = ("NAME", "HOLDER", "COUNT", "TOKEN", "ACQUIRED (UTC)", "EXPIRES IN", "STATE")
 
 
@@ -67,6 +70,16 @@ def _rows(alias: str, names: list[str] | None = None, state: str = "held") -> li
             }
         )
     return rows
+
+
+def _lacks_table(alias: str) -> bool:
+    """Whether ``alias``'s database surely has no lock table (False if it cannot tell)."""
+    connection = connections[alias]
+    try:
+        with connection.cursor() as cursor:
+            return Lock._meta.db_table not in connection.introspection.table_names(cursor)
+    except DatabaseError:
+        return False
 
 
 def _printable(text: str) -> str:
@@ -141,12 +154,24 @@ class Command(BaseCommand):
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc), returncode=USAGE) from exc
         subcommand = options["subcommand"]
-        if subcommand == "list":
-            self._list(alias, options)
-        elif subcommand == "break":
-            self._break(alias, options["names"], options["yes"], options.get("stdin") or sys.stdin)
-        else:
-            self._reap(alias, options["batch_size"])
+        try:
+            if subcommand == "list":
+                self._list(alias, options)
+            elif subcommand == "break":
+                stdin = options.get("stdin") or sys.stdin
+                self._break(alias, options["names"], options["yes"], stdin)
+            else:
+                self._reap(alias, options["batch_size"])
+        except DatabaseError as exc:
+            # Only a missing table gets its own answer; any other database error (server
+            # down, no permission) is reported as it is, not as "not migrated".
+            if not _lacks_table(alias):
+                raise
+            raise CommandError(
+                f"database {alias!r} has no lock table ({Lock._meta.db_table}): run "
+                f"'manage.py migrate locks --database {alias}'",
+                returncode=NOT_MIGRATED,
+            ) from exc
 
     def _list(self, alias: str, options: dict[str, Any]) -> None:
         if options["expired"] and options["all"]:
