@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
+from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -26,6 +28,22 @@ else:  # ModelAdmin is generic only in django-stubs, not at run time
 
 #: Actions that change lock rows: they need the ``locks.break_lock`` permission.
 GUARDED_ACTIONS = ("break_locks", "reap_expired")
+
+View = TypeVar("View", bound=Callable[..., Any])
+
+
+def _non_atomic_everywhere(view: View) -> View:
+    """Exempt ``view`` from ``ATOMIC_REQUESTS`` on every database of ``DATABASES``.
+
+    The actions' lock calls commit at once on the app's own connection, whatever the
+    request does; so must their admin log entries, or a rolled-back request would leave
+    breaks that happened unrecorded. And on SQLite a request transaction open on the
+    file of the locks would make every lock call refuse to run (one writer per file).
+    The aliases are those configured when the admin is loaded.
+    """
+    for alias in connections:
+        view = transaction.non_atomic_requests(using=alias)(view)
+    return view
 
 
 def seconds_left(lock: Lock) -> float:
@@ -104,6 +122,7 @@ class LockAdmin(ModelAdmin):
     def state(self, lock: Lock) -> str:
         return "held" if seconds_left(lock) > 0 else "expired"
 
+    @_non_atomic_everywhere
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import Permission, User
+from django.db import connections
 from django.test import Client
 
 import locks
@@ -171,6 +173,39 @@ def test_reap_action_deletes_expired_rows_only() -> None:
     breaker = staff("breaker", "view_lock", "break_lock")
     done = breaker.post(CHANGELIST, action("reap_expired", "jobs:live"), follow=True)
     assert b"Reaped 2 expired lock(s)." in done.content
+    assert list(Lock.objects.values_list("name", flat=True)) == ["jobs:live"]
+    live.release()
+
+
+@pytest.fixture
+def atomic_requests() -> Iterator[None]:
+    """ATOMIC_REQUESTS = True on the database of the locks and of the admin."""
+    # Django reads it per request from the live settings dict, which override_settings of
+    # DATABASES would not reach.
+    settings_dict = connections["default"].settings_dict
+    settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        yield
+    finally:
+        settings_dict["ATOMIC_REQUESTS"] = False
+
+
+@pytest.mark.usefixtures("atomic_requests")
+def test_break_and_reap_work_under_atomic_requests() -> None:
+    # On SQLite the request's transaction on the same file would make the lock calls
+    # refuse to run (LockError, a 500) if the changelist ran in it.
+    lease = locks.acquire("jobs:stuck", ttl=30, holder="worker-stuck")
+    expired("jobs:old", "w")
+    breaker = staff("breaker", "view_lock", "break_lock")
+    confirm = {"post": "yes", "holding": f"{lease.token} jobs:stuck"}
+    done = breaker.post(CHANGELIST, action("break_locks", "jobs:stuck", **confirm), follow=True)
+    assert b"Broke 1 lock(s): jobs:stuck" in done.content
+    assert not Lock.objects.filter(name="jobs:stuck").exists()
+    assert LogEntry.objects.get().object_id == "jobs:stuck"
+
+    live = locks.acquire("jobs:live", ttl=30, holder="w")
+    done = breaker.post(CHANGELIST, action("reap_expired", "jobs:live"), follow=True)
+    assert b"Reaped 1 expired lock(s)." in done.content
     assert list(Lock.objects.values_list("name", flat=True)) == ["jobs:live"]
     live.release()
 
