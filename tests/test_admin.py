@@ -210,6 +210,33 @@ def test_break_and_reap_work_under_atomic_requests() -> None:
     live.release()
 
 
+@pytest.mark.usefixtures("atomic_requests")
+def test_a_break_stays_logged_when_the_request_fails_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The break itself commits at once (the app's own connection): its log entry must
+    # not go with a rolled-back request transaction.
+    first = locks.acquire("jobs:a", ttl=30, holder="w")
+    second = locks.acquire("jobs:b", ttl=30, holder="w")
+
+    def break_then_crash(name: str, **kwargs: Any) -> bool:
+        if name == "jobs:a":
+            raise RuntimeError("the server went away")
+        return locks.break_lock(name, **kwargs)
+
+    monkeypatch.setattr("locks.admin.break_lock", break_then_crash)
+    breaker = staff("breaker", "view_lock", "break_lock")
+    breaker.raise_request_exception = False
+    confirm = {"post": "yes", "holding": [f"{first.token} jobs:a", f"{second.token} jobs:b"]}
+    assert (
+        breaker.post(CHANGELIST, action("break_locks", "jobs:a", "jobs:b", **confirm)).status_code
+        == 500
+    )
+    assert list(Lock.objects.values_list("name", flat=True)) == ["jobs:a"]
+    assert LogEntry.objects.get().object_id == "jobs:b"  # newest first: broken before the crash
+    first.release()
+
+
 @pytest.mark.parametrize(
     ("lookup", "name", "holder"),
     [
