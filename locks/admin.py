@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from .conf import conf
+from .exceptions import LockError
 from .leases import break_lock, reap_expired
 from .models import DatabaseNow, Lock, LockQuerySet
 
@@ -160,17 +161,24 @@ class LockAdmin(ModelAdmin):
         shown = _shown_holdings(request.POST.getlist("holding"))
         broken: list[str] = []
         changed: list[str] = []
-        for lock in queryset:
-            token = shown.pop(lock.name, None)
-            # break_lock(token=...) deletes only the holding that was on the page.
-            if token is None or token != lock.token:
-                changed.append(lock.name)
-            elif break_lock(lock.name, token=token, using=conf.DATABASE):
-                self._log_break(request, lock)
-                broken.append(lock.name)
-            else:
-                changed.append(lock.name)
-        changed.extend(shown)  # released since the page was shown
+        error: LockError | None = None
+        try:
+            for lock in queryset:
+                token = shown.pop(lock.name, None)
+                # break_lock(token=...) deletes only the holding that was on the page.
+                if token is None or token != lock.token:
+                    changed.append(lock.name)
+                elif break_lock(lock.name, token=token, using=conf.DATABASE):
+                    self._log_break(request, lock)
+                    broken.append(lock.name)
+                else:
+                    changed.append(lock.name)
+        except LockError as exc:
+            # E.g. SQLite, with a transaction of the project's own open on the file of
+            # the locks: the operator gets the reason and what was done, not a 500.
+            error = exc
+        else:
+            changed.extend(shown)  # released since the page was shown
         if broken:
             self.message_user(request, f"Broke {len(broken)} lock(s): {', '.join(broken)}.")
         if changed:
@@ -179,6 +187,12 @@ class LockAdmin(ModelAdmin):
                 f"Left {len(changed)} lock(s) alone: released or taken again since the page "
                 f"was shown: {', '.join(changed)}.",
                 messages.WARNING,
+            )
+        if error is not None:
+            self.message_user(
+                request,
+                f"Breaking locks stopped, the rest left as they are: {error}",
+                messages.ERROR,
             )
 
     def _log_break(self, request: HttpRequest, lock: Lock) -> None:
@@ -195,7 +209,11 @@ class LockAdmin(ModelAdmin):
     @admin.action(description="Reap expired locks", permissions=["break_lock"])
     def reap_expired(self, request: HttpRequest, queryset: QuerySet[Lock]) -> None:
         """Delete every expired lock row (not only the selected ones); live rows stay."""
-        deleted = reap_expired(using=conf.DATABASE)
+        try:
+            deleted = reap_expired(using=conf.DATABASE)
+        except LockError as exc:
+            self.message_user(request, f"Could not reap expired locks: {exc}", messages.ERROR)
+            return
         self.message_user(request, f"Reaped {deleted} expired lock(s).")
 
 

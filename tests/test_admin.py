@@ -237,6 +237,44 @@ def test_a_break_stays_logged_when_the_request_fails_after_it(
     first.release()
 
 
+def test_a_lock_error_in_an_action_is_reported_not_a_500(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As SQLite raises it when a transaction of the project's own (a middleware's, say)
+    # is open on the file of the locks.
+    first = locks.acquire("jobs:a", ttl=30, holder="w")
+    second = locks.acquire("jobs:b", ttl=30, holder="w")
+    calls: list[str] = []
+
+    def break_then_fail(name: str, **kwargs: Any) -> bool:
+        calls.append(name)
+        if len(calls) > 1:
+            raise locks.LockError("one writer per file")
+        return locks.break_lock(name, **kwargs)
+
+    def fail(*args: Any, **kwargs: Any) -> int:
+        raise locks.LockError("one writer per file")
+
+    monkeypatch.setattr("locks.admin.break_lock", break_then_fail)
+    monkeypatch.setattr("locks.admin.reap_expired", fail)
+    breaker = staff("breaker", "view_lock", "break_lock")
+    holdings = [f"{first.token} jobs:a", f"{second.token} jobs:b"]
+    confirm = {"post": "yes", "holding": holdings}
+    done = breaker.post(
+        CHANGELIST, action("break_locks", "jobs:a", "jobs:b", **confirm), follow=True
+    )
+    assert done.status_code == 200
+    html = done.content.decode()
+    assert "Broke 1 lock(s): jobs:b" in html  # newest first
+    assert "Breaking locks stopped, the rest left as they are: one writer per file" in html
+    assert "Left" not in html, "the lock not tried is not reported as changed"
+    assert list(Lock.objects.values_list("name", flat=True)) == ["jobs:a"]
+    assert LogEntry.objects.get().object_id == "jobs:b"
+
+    done = breaker.post(CHANGELIST, action("reap_expired", "jobs:a"), follow=True)
+    assert done.status_code == 200
+    assert b"Could not reap expired locks: one writer per file" in done.content
+    first.release()
+
+
 @pytest.mark.parametrize(
     ("lookup", "name", "holder"),
     [
