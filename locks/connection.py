@@ -182,9 +182,15 @@ def cursor(wrapper: BaseDatabaseWrapper) -> DirectCursor | CursorWrapper:
         and cached is not None
         and cached[0] is raw
         and cached[1] == _watched(wrapper)
+        # With CONN_HEALTH_CHECKS, Django checks a connection before its first use after
+        # close_old() (each request's start and end), in wrapper.cursor(); without them
+        # this costs no statement.
+        and (wrapper.health_check_done or not wrapper.health_check_enabled)  # type: ignore[attr-defined]
     ):
         return cast("DirectCursor | CursorWrapper", cached[2])
-    # Opening the connection runs connection_created receivers, which may install hooks.
+    # Before ensure_connection: a connection that fails the check is closed and opened
+    # anew, and opening it runs connection_created receivers, which may install hooks.
+    wrapper.close_if_health_check_failed()
     wrapper.ensure_connection()
     watched = _watched(wrapper)
     fresh = wrapper.cursor()

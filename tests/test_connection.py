@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import signal
-import sqlite3
 import time
-from typing import Any
 
 import pytest
 from django.db import connections, transaction
 
 import locks
 import locks.connection
-from locks.models import Lock
 from tests.app.models import Counter
 from tests.conftest import NEEDS_POOL
-from tests.faults import hold_write_lock
 from tests.remote import remotes
 
 
@@ -74,51 +69,3 @@ def test_a_lease_on_an_alias_without_autocommit_is_seen_by_other_processes() -> 
         lease.release()
         granted = other.call("try_acquire", name="orders:1")
         assert granted["ok"] and granted["acquired"], granted
-
-
-class Interrupted(Exception):
-    """What a signal handler raises in the middle of a call (as a soft time limit does)."""
-
-
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_lock_call_interrupted_mid_statement_leaves_its_thread_a_working_connection(
-    backend: str,
-) -> None:
-    outer = locks.acquire("interrupt:outer", ttl=60)
-    # An expired holding, which the interrupted acquire takes over once it may write.
-    locks.acquire("interrupt:x", ttl=0.2, holder="gone")
-    time.sleep(0.3)
-    blocker = hold_write_lock("interrupt:x", 1.5)
-    previous = signal.signal(signal.SIGALRM, _raise_interrupted)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
-        # Interrupted while its statement waits (PostgreSQL) or right after the statement
-        # returns, before its result is read (MariaDB, SQLite: their drivers wait in C).
-        with pytest.raises(Interrupted):
-            locks.try_acquire("interrupt:x", ttl=60)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    blocker.join()
-    if backend == "sqlite":
-        # The grant's statement left unfinished would keep the file's write lock.
-        other = sqlite3.connect(connections["default"].settings_dict["NAME"], timeout=1)
-        other.execute("BEGIN IMMEDIATE")
-        other.rollback()
-        other.close()
-    # The thread's next lock calls work (not "another command is already in progress" or
-    # "commands out of sync" on a connection left mid-statement).
-    outer.release()
-    assert locks.try_acquire("interrupt:after", ttl=60) is not None
-    holding = Lock.objects.filter(name="interrupt:x").values_list("holder", flat=True).first()
-    if backend in ("postgresql", "pgbouncer"):
-        # The interrupted statement was cancelled: no grant that nobody holds. (MariaDB's
-        # and SQLite's drivers return only once the statement has run: its grant stays
-        # until its TTL ends, as a crashed client's would.)
-        assert holding == "gone", holding
-    else:
-        assert holding is not None
