@@ -73,6 +73,21 @@ DATABASES = {alias: _database(alias) for alias in ("default", "other")}
 # (tests/test_connection.py): Django's transactions without autocommit, and, on
 # PostgreSQL, Django's connection pool with room for one ORM connection only.
 DATABASES["manual"] = {**_database("default"), "AUTOCOMMIT": False, "TEST": {"MIRROR": "default"}}
+# A mirror whose sessions cancel any statement that runs over half a second (the
+# database's or role's statement_timeout, as a DBA may set it): PostgreSQL's
+# statement_timeout, MariaDB's max_statement_time; SQLite has none.
+_IMPATIENT_OPTIONS = {
+    "postgresql": {"options": "-c statement_timeout=500"},
+    "mariadb": {"init_command": "SET SESSION max_statement_time = 0.5"},
+}
+if os.environ.get("LOCKS_TEST_PGBOUNCER"):
+    # PgBouncer refuses the "options" startup parameter (its sessions are the pool's).
+    del _IMPATIENT_OPTIONS["postgresql"]
+DATABASES["impatient"] = {**_database("default"), "TEST": {"MIRROR": "default"}}
+DATABASES["impatient"]["OPTIONS"] = {
+    **DATABASES["impatient"].get("OPTIONS", {}),
+    **_IMPATIENT_OPTIONS.get(BACKEND, {}),
+}
 if BACKEND == "postgresql":
     DATABASES["pooled"] = {
         **_database("default"),

@@ -117,6 +117,15 @@ WITH bound AS MATERIALIZED (SELECT set_config('lock_timeout', %s, true))
 SELECT pg_advisory_lock({QUEUE_NAMESPACE}, hashtext(CAST(%s AS text))) FROM bound
 """
 LEAVE_QUEUE = f"SELECT pg_advisory_unlock({QUEUE_NAMESPACE}, hashtext(CAST(%s AS text)))"
+# A statement_timeout may cancel ENTER_QUEUE just after its lock was granted, and a session
+# advisory lock outlives the failed statement: give it back, if it is held, without the
+# server's warning for unlocking a lock not held.
+LEAVE_QUEUE_IF_ENTERED = f"""
+SELECT pg_advisory_unlock({QUEUE_NAMESPACE}, hashtext(CAST(%s AS text)))
+FROM pg_locks
+WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 2
+  AND classid = {QUEUE_NAMESPACE} AND objid = CAST(hashtext(CAST(%s AS text)) AS oid)
+"""
 
 RENEW = """
 UPDATE locks_lock SET expires_at = GREATEST(expires_at, statement_timestamp() + %s)
@@ -178,6 +187,7 @@ FROM (SELECT current_setting('lock_timeout') AS old OFFSET 0) AS previous
 """
 RESTORE_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
 LOCK_NOT_AVAILABLE = "55P03"  # NOWAIT, or lock_timeout ran out
+QUERY_CANCELED = "57014"  # statement_timeout ran out, or pg_cancel_backend()
 DEADLOCK = "40P01"
 
 
@@ -231,6 +241,11 @@ class PostgreSQLBackend(Backend):
             cursor.execute(ENTER_QUEUE, [f"{wait_ms(timeout)}ms", name])
         except DatabaseError as exc:
             if self.is_lock_busy(exc):
+                return False
+            # A database's or role's statement_timeout shorter than the wait ends it the
+            # same way as lock_timeout: not queued yet, and the caller looks at the lock.
+            if getattr(exc.__cause__, "sqlstate", None) == QUERY_CANCELED:
+                cursor.execute(LEAVE_QUEUE_IF_ENTERED, [name, name])
                 return False
             raise
         return True
