@@ -10,7 +10,6 @@ thread that opened them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import weakref
@@ -36,13 +35,19 @@ class _Closer:
     def __init__(self, wrappers: dict[str, BaseDatabaseWrapper]) -> None:
         self.wrappers = wrappers
         self.pid = os.getpid()
+        # Kept on the object: this may run at interpreter exit, when the module's globals
+        # are already gone (None).
+        self.getpid = os.getpid
 
     def __del__(self) -> None:
-        if os.getpid() != self.pid:
+        if self.getpid() != self.pid:
             # A forked child drops the parent's other threads, and with them this: their
-            # sockets are the parent's sessions, which closing (or freeing, for some
-            # drivers) would end. Park them with the rest of the inheritance.
-            _inherited.append(self.wrappers)
+            # sockets are the parent's sessions. Park them with the rest of the
+            # inheritance, unless the child's interpreter is already exiting: then the
+            # list is gone, and the sockets were made harmless at the fork anyway.
+            inherited = _inherited
+            if inherited is not None:
+                inherited.append(self.wrappers)
             return
         for wrapper in self.wrappers.values():
             raw = wrapper.connection
@@ -50,8 +55,11 @@ class _Closer:
             # The cached cursor points back at the wrapper: break that cycle now.
             wrapper.__dict__.pop("locks_cursor", None)
             if raw is not None:
-                with contextlib.suppress(Exception):
+                # Not contextlib.suppress: at interpreter exit that global may be gone.
+                try:  # noqa: SIM105
                     raw.close()
+                except Exception:
+                    pass
 
 
 class _PerThread(threading.local):
@@ -68,8 +76,35 @@ _alive: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
 _inherited: list[Any] = []
 
 
+def _detach(raw: Any) -> None:
+    """Point the socket of an inherited driver connection at /dev/null, in a forked child.
+
+    The parked wrappers still go when the child's interpreter exits, and some drivers say
+    goodbye as they go: mysqlclient sends COM_QUIT, which on the shared socket ends the
+    parent's session (psycopg does not, in a child). Whatever they send now goes nowhere,
+    and closing the descriptor closes only the child's /dev/null.
+    """
+    fileno = getattr(raw, "fileno", None)  # socket drivers; SQLite has no socket to share
+    if fileno is None:
+        return
+    try:
+        fd = int(fileno())
+    except Exception:  # a driver connection already closed has no descriptor left
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def _forget_after_fork() -> None:
     global _local
+    # Every thread's connections, not only the forking thread's: the other threads'
+    # go with their thread-local values in the child.
+    for wrapper in list(_alive):
+        if wrapper.connection is not None:
+            _detach(wrapper.connection)
     _inherited.append(_local)
     _local = _PerThread()
 
