@@ -22,6 +22,7 @@ from locks.models import Lock
 from tests.app.models import Counter
 from tests.conftest import NEEDS_POOL, ROOT, worker_env
 from tests.faults import hold_write_lock, kill_session, other_sessions
+from tests.pgbouncer import ENABLED as PGBOUNCER
 from tests.remote import remotes
 from tests.workers_reliability import SESSION_ID
 
@@ -116,6 +117,7 @@ def _session_of(wrapper: Any) -> int:
         return int(cursor.fetchone()[0])
 
 
+@pytest.mark.skipif(PGBOUNCER, reason="PgBouncer gives a client no server session of its own")
 @pytest.mark.django_db(transaction=True)
 def test_a_request_after_the_lock_connections_session_ended_gets_a_healthy_one(
     backend: str, monkeypatch: pytest.MonkeyPatch
