@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections
@@ -236,6 +237,25 @@ def cursor(wrapper: BaseDatabaseWrapper) -> DirectCursor | CursorWrapper:
         chosen = DirectCursor(driver, wrapper.wrap_database_errors)
     wrapper.locks_cursor = (wrapper.connection, watched, chosen)  # type: ignore[attr-defined]
     return chosen
+
+
+def abandon(wrapper: BaseDatabaseWrapper) -> None:
+    """Close one of our connections left mid-statement, whatever state it is in.
+
+    Never raises: it runs while another exception is on its way out.
+
+    Example::
+
+        locks.connection.abandon(locks.connection.get("default"))
+    """
+    # The kept cursor first: SQLite closes a connection with an unfinished statement only
+    # once that statement is gone, keeping the file's write lock till then.
+    cached = wrapper.__dict__.pop("locks_cursor", None)
+    with suppress(Exception):
+        if cached is not None:
+            cached[2].close()
+    with suppress(Exception):
+        wrapper.close()
 
 
 def close_old() -> None:

@@ -210,16 +210,22 @@ def _thread_holder() -> str:
     return default_holder()
 
 
+def _on_event_loop() -> bool:
+    """Whether this thread runs an asyncio event loop right now."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _refuse_event_loop(view: Any) -> None:
     # A bound dispatch() (method_decorator passes it in a partial) of an async class-based
     # view returns a coroutine: under WSGI no event loop runs yet, but the lease would
     # end before the handler even started.
     owner = getattr(getattr(view, "func", view), "__self__", None)
-    if not getattr(owner, "view_is_async", False):
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return
+    if not getattr(owner, "view_is_async", False) and not _on_event_loop():
+        return
     raise TypeError(
         f"lock_view: {_label(view)!r} is synchronous but serves an async view or runs "
         "inside an event loop (e.g. method_decorator on dispatch() of an async class-based "
@@ -277,13 +283,11 @@ class _StreamRelease:
             "releasing it",
             self._lease.name,
         )
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            self()
-        else:
+        if _on_event_loop():
             # Collected on an event loop, where Django refuses database calls.
             threading.Thread(target=self, name="locks-stream-release", daemon=True).start()
+        else:
+            self()
 
 
 class _SyncStream:

@@ -82,14 +82,7 @@ def _execute(alias: str, what: str, name: str, operation: Callable[[Backend, Cur
             # session cancels or rolls back whatever was in flight.
             with suppress(Exception):
                 backend.cancel(wrapper.connection)
-            # The kept cursor first: SQLite closes a connection with an unfinished
-            # statement only once that statement is gone, keeping its lock till then.
-            cached = wrapper.__dict__.pop("locks_cursor", None)
-            with suppress(Exception):
-                if cached is not None:
-                    cached[2].close()
-            with suppress(Exception):
-                wrapper.close()
+            connection.abandon(wrapper)
             raise
     raise AssertionError("unreachable")  # pragma: no cover
 
