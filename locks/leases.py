@@ -331,10 +331,10 @@ class Lease:
         self._mutex = threading.Lock()
         # A forked child inherits this object, but the holding is the parent's.
         self._pid = os.getpid()
-        # Set once a release was tried (or _stop_renewals ran): the auto-renew watchdog stops
+        # Set once a release was tried, or by _stop_renewals: the auto-renew watchdog stops
         # renewing, also when the release failed (the holder wanted it over; it expires by
         # itself then).
-        self._releasing = False
+        self._unwatched = False
 
     def __repr__(self) -> str:
         return (
@@ -373,7 +373,7 @@ class Lease:
         For a holding this object no longer stands for (a Celery run that retried): it
         stays held until it expires or its holder releases it.
         """
-        self._releasing = True
+        self._unwatched = True
 
     def _mark_lost(self) -> None:
         if self._state == HELD:
@@ -456,7 +456,7 @@ class Lease:
                 raise LockError(
                     f"lease on lock {self.name!r} (token {self.token}) was already released"
                 )
-            self._releasing = True
+            self._unwatched = True
             outcome = _execute(
                 self.using,
                 "release",

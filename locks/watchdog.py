@@ -78,7 +78,7 @@ class Watchdog:
                 if ref is None:
                     return  # idle for a minute: the next watch() starts a new thread
                 lease = ref()
-                if lease is not None and lease.held and not lease._releasing:
+                if lease is not None and lease.held and not lease._unwatched:
                     self._renew(lease)
                 del lease
         finally:
