@@ -135,3 +135,16 @@ def own_queries() -> Callable[[], CaptureQueriesContext]:
         return CaptureQueriesContext(wrapper)
 
     return capture
+
+
+@pytest.fixture
+def atomic_requests() -> Iterator[None]:
+    """ATOMIC_REQUESTS = True on the "default" database (the locks' and the admin's)."""
+    # Django reads it per request from the live settings dict, which override_settings of
+    # DATABASES would not reach.
+    settings_dict = connections["default"].settings_dict
+    settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        yield
+    finally:
+        settings_dict["ATOMIC_REQUESTS"] = False

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import Permission, User
-from django.db import connections
 from django.test import Client
 
 import locks
@@ -175,19 +173,6 @@ def test_reap_action_deletes_expired_rows_only() -> None:
     assert b"Reaped 2 expired lock(s)." in done.content
     assert list(Lock.objects.values_list("name", flat=True)) == ["jobs:live"]
     live.release()
-
-
-@pytest.fixture
-def atomic_requests() -> Iterator[None]:
-    """ATOMIC_REQUESTS = True on the database of the locks and of the admin."""
-    # Django reads it per request from the live settings dict, which override_settings of
-    # DATABASES would not reach.
-    settings_dict = connections["default"].settings_dict
-    settings_dict["ATOMIC_REQUESTS"] = True
-    try:
-        yield
-    finally:
-        settings_dict["ATOMIC_REQUESTS"] = False
 
 
 @pytest.mark.usefixtures("atomic_requests")

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.test import Client, override_settings
 
 import locks
@@ -72,16 +72,6 @@ def test_renew_and_release_inside_a_rolled_back_transaction_stay_done(lock_alias
         lease.release()
         transaction.set_rollback(True)
     assert not Lock.objects.using(lock_alias).filter(name="orders:1").exists()
-
-
-@pytest.fixture
-def atomic_requests() -> Iterator[None]:
-    settings_dict = connections["default"].settings_dict
-    settings_dict["ATOMIC_REQUESTS"] = True
-    try:
-        yield
-    finally:
-        settings_dict["ATOMIC_REQUESTS"] = False
 
 
 @pytest.mark.usefixtures("atomic_requests")
