@@ -40,9 +40,10 @@ HELD, RELEASED, LOST = "held", "released", "lost"
 QUEUE_PATIENCE = 2.0
 
 
-#: Each pause of a waiter's backoff is up to this much longer than the one before. A
-#: waiter notices a release one pause late at worst; growing by half (not doubling) keeps
-#: that under half the wait so far, for a few more attempts before BACKOFF_MAX.
+#: The limit on a waiter's pause grows by this factor per attempt (each pause is drawn
+#: between half the limit and the limit). A waiter notices a release one pause late at
+#: worst; growing by half (not doubling) keeps that in proportion to the wait so far for a few
+#: more attempts before BACKOFF_MAX.
 BACKOFF_GROWTH = 1.5
 
 
