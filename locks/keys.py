@@ -72,7 +72,7 @@ def check_key_template(template: Any) -> str:
         raise ValueError(f"lock_view key template is not valid Unicode text: {template!r}") from exc
     previous: str | None = None
     for literal, field, spec, _conversion in _formatter.parse(template):
-        if previous is not None and ENCODED.issuperset(literal):
+        if previous is not None and field is not None and ENCODED.issuperset(literal):
             raise ValueError(
                 f"lock_view key {template!r}: fields {{{previous}}} and {{{field or ''}}} "
                 "must be separated by a character such as ':' or '/', or different values "

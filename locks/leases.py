@@ -193,6 +193,9 @@ class _Request:
         return self._lease(outcome, started) if isinstance(outcome, Grant) else outcome
 
     def wait(self, timeout: float | None) -> Lease:
+        # The first attempt counts against the timeout: it can itself wait (SQLite's busy
+        # handler, a row lock on the lock's row), and the caller's bound is the whole call.
+        deadline = None if timeout is None else time.monotonic() + timeout
         queues = notifies(connection.get(self.using))
         # Blocked acquires queue (below), and a new one does not jump that queue.
         lease = self.attempt(yield_to_queue=queues and timeout != 0)
@@ -200,7 +203,6 @@ class _Request:
             return lease
         if timeout == 0:
             raise LockBusy(f"lock {self.name!r} is held by another holder")
-        deadline = None if timeout is None else time.monotonic() + timeout
         if queues:
             listener = waiting.listener(self.using)
             woken = listener.subscribe(

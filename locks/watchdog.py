@@ -11,6 +11,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
+from .conf import DEFAULTS
 from .exceptions import LockLost
 
 if TYPE_CHECKING:
@@ -79,7 +80,13 @@ class Watchdog:
                     return  # idle for a minute: the next watch() starts a new thread
                 lease = ref()
                 if lease is not None and lease.held and not lease._unwatched:
-                    self._renew(lease)
+                    try:
+                        self._renew(lease)
+                    except Exception:
+                        # Nothing may end this thread: it renews every lease of the
+                        # process. A lease it can no longer look after is lost, and says so.
+                        lease._mark_lost()
+                        logger.exception("auto-renew of %r stopped", lease.name)
                 del lease
         finally:
             connection.close()
@@ -108,7 +115,14 @@ class Watchdog:
             self.watch(lease, min(1.0, remaining / 4))
             return
         if lease.held:
-            self.watch(lease, lease._renew_interval())
+            try:
+                delay = lease._renew_interval()
+            except (TypeError, ValueError) as exc:
+                # RENEW_FRACTION was changed to a bad value since the grant: keep renewing
+                # at the default fraction (the system check reports the setting).
+                logger.warning("auto-renew of %r: %s", lease.name, exc)
+                delay = max(lease.ttl * DEFAULTS["RENEW_FRACTION"], 0.001)
+            self.watch(lease, delay)
 
 
 _watchdog = Watchdog()

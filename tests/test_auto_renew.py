@@ -10,6 +10,7 @@ import weakref
 
 import pytest
 from django.db import DatabaseError
+from django.test import override_settings
 
 import locks
 from locks import watchdog
@@ -62,6 +63,19 @@ def test_a_lost_lease_does_not_mask_the_blocks_own_exception() -> None:
         locks.break_lock("orders:1")
         assert wait_for(lambda: lease.lost)
         raise ValueError("the block's own error")
+
+
+def test_a_bad_renew_fraction_set_while_a_lease_is_watched_does_not_stop_the_watchdog(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lease = locks.acquire("orders:1", ttl=0.6, auto_renew=True)
+    with override_settings(LOCKS={"RENEW_FRACTION": 2}):
+        # The renewal due at 0.2 s succeeds, then reads the bad fraction for the next one.
+        assert wait_for(lambda: "RENEW_FRACTION" in caplog.text, 5), caplog.text
+    time.sleep(1.0)  # well past the TTL: only renewals can have kept it
+    assert (lease.held, lease.lost, locks.is_locked("orders:1")) == (True, False, True)
+    lease.release()
+    assert not locks.is_locked("orders:1")
 
 
 def test_watchdog_stops_renewing_after_release() -> None:

@@ -77,6 +77,9 @@ def test_lock_key_percent_encodes_every_value_character_but_letters_and_digits()
     assert lock_key("user:{name}", name="Jürgen") == "user:J%C3%BCrgen"
     assert lock_key("x:{v}", v="100%-_.~") == "x:100%25%2D%5F%2E%7E"
     assert lock_key("report-{year}-{month}", year=2024, month="05") == "report-2024-05"
+    # One field followed by letters is unambiguous: the literal after it is fixed.
+    assert lock_key("export:{pk}csv", pk=7) == "export:7csv"
+    assert lock_key("{pk}v2", pk="1v") == "1vv2"
 
 
 @given(

@@ -16,6 +16,7 @@ from locks.models import Lock
 from tests import pgbouncer
 from tests.app.models import Counter
 from tests.conftest import NEEDS_POOL
+from tests.faults import hold_write_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -178,6 +179,24 @@ def test_only_releases_a_waiter_asked_for_send_a_notification() -> None:
         assert flagged.token
     finally:
         listening.close()
+
+
+def test_the_first_attempt_counts_against_the_timeout() -> None:
+    # The first attempt waits 1 s for another connection's write lock on the row (on
+    # SQLite, on the file), then finds the lock held: a 1 s timeout has run out by then.
+    lease = locks.acquire("orders:1", ttl=60, holder="holder")
+    blocker = hold_write_lock("orders:1", 1.0)
+    began = time.monotonic()
+    try:
+        with pytest.raises(locks.LockBusy, match="gave up after 1 s"):
+            locks.acquire("orders:1", ttl=60, timeout=1.0, holder="waiter")
+        took = time.monotonic() - began
+    finally:
+        blocker.join()
+    # Counting from after the first attempt instead would take at least 2 s.
+    assert took < 1.7, took
+    assert Lock.objects.get(name="orders:1").holder == "holder"
+    lease.release()
 
 
 @override_settings(LOCKS={"NOTIFY": False, "BACKOFF_MIN": 0.01, "BACKOFF_MAX": 0.05})
