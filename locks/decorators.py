@@ -7,12 +7,15 @@ import functools
 import logging
 import math
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase, StreamingHttpResponse
 from django.shortcuts import render
@@ -127,6 +130,8 @@ class ViewLock:
                 # Rendered under the lease: a failing template must not leave it behind.
                 response = response.render()
         except BaseException:
+            # Released at once: the view's writes, if any, are rolled back, and the
+            # release runs on the app's own connection, apart from that transaction.
             _end(lease, True)
             raise
         return _hand_over(lease, response)
@@ -176,7 +181,9 @@ class ViewLock:
             if callable(getattr(response, "render", None)) and not response.is_rendered:
                 response = await sync_to_async(response.render)()
             # Whatever the view returned (None too, which Django then refuses), the lease
-            # is released or handed to the streaming content.
+            # is released or handed to the streaming content. No transaction of the
+            # request can be open here: Django refuses ATOMIC_REQUESTS for async views,
+            # and atomic() cannot span an await.
             if getattr(response, "streaming", False):
                 return _hand_over(lease, response)
         except BaseException:
@@ -234,13 +241,48 @@ def _refuse_event_loop(view: Any) -> None:
     )
 
 
+def _in_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` is inside an atomic block other than a test case's own."""
+    # ATOMIC_REQUESTS (or an atomic() around the view) commits only after the view has
+    # returned. A TestCase's blocks never commit: waiting for them would only keep a view
+    # called directly in a test holding its lease until its response is collected.
+    # _from_testcase is the mark Django itself reads for durable blocks.
+    return connection.in_atomic_block and any(
+        not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks
+    )
+
+
+def _release_later(lease: Lease, response: Any) -> bool:
+    """Whether the view's writes may still be uncommitted, so the release must wait."""
+    if not isinstance(response, HttpResponseBase) or not lease.held:
+        return False
+    if lease.count > 1:
+        return False  # a re-entry: the lock stays held by the holding it re-entered
+    if lease.lost or time.monotonic() >= lease._local_deadline:
+        # Lost or surely expired: the release raises LockLost now, while the request's
+        # transaction can still roll back what was written without the lock.
+        return False
+    return any(_in_transaction(c) for c in connections.all(initialized_only=True))
+
+
 def _hand_over(lease: Lease, response: Any) -> HttpResponseBase:
-    """Release now, or for a streaming response once its content is sent or it is closed."""
-    if not getattr(response, "streaming", False):
+    """Release now, or once the response is closed (streamed, or its transaction ended)."""
+    streaming_response = getattr(response, "streaming", False)
+    if not streaming_response and not _release_later(lease, response):
         _end(lease, False)
         return cast(HttpResponseBase, response)
+    release = _ResponseRelease(lease)
+    if not streaming_response:
+        # Under ATOMIC_REQUESTS the request's transaction commits after this returns: a
+        # release now would let the next request take the lock and read the data as it
+        # was before this one's writes (a lost update). Django's handlers close the
+        # response once make_view_atomic's blocks have committed or rolled back.
+        plain = cast(HttpResponseBase, response)
+        # The list close() runs (Django 3.0+); there is no public way to add to it.
+        plain._resource_closers.append(release)  # type: ignore[attr-defined]
+        _release_when_dropped(plain, release)
+        return plain
     streaming = cast(StreamingHttpResponse, response)
-    release = _StreamRelease(lease)
     # The content as the view gave it: streaming_content would wrap it in a reference back
     # to the response, and that cycle would keep a dropped response (below) uncollected.
     content = getattr(streaming, "_iterator", None)
@@ -252,14 +294,21 @@ def _hand_over(lease: Lease, response: Any) -> HttpResponseBase:
         streaming.streaming_content = _AsyncStream(cast(AsyncIterator[bytes], content), release)
     else:
         streaming.streaming_content = _SyncStream(cast(Iterator[bytes], content), release)
-    # A middleware may answer with another response instead (ConditionalGetMiddleware's
-    # 304, say) and drop this one unclosed: then it goes when this one is collected.
-    finalizer = weakref.finalize(streaming, release.when_dropped)
-    finalizer.atexit = False  # type: ignore[misc]  # a property typeshed misses
+    _release_when_dropped(streaming, release)
     return streaming
 
 
-class _StreamRelease:
+def _release_when_dropped(response: HttpResponseBase, release: _ResponseRelease) -> None:
+    # A middleware may answer with another response instead (ConditionalGetMiddleware's
+    # 304, a failed commit's 500) and drop this one unclosed: then the lease goes when
+    # this one is collected.
+    finalizer = weakref.finalize(response, release.when_dropped)
+    finalizer.atexit = False  # type: ignore[misc]  # a property typeshed misses
+
+
+class _ResponseRelease:
+    """Releases a lease handed to a response, once, whoever comes first."""
+
     def __init__(self, lease: Lease) -> None:
         self._lease: Lease | None = lease
         self._mutex = threading.Lock()
@@ -273,14 +322,21 @@ class _StreamRelease:
             _end(lease, False)
         except LockLost:
             # The response is already on its way: all we can do is say so.
-            logger.error("lock %r was lost before its streaming response ended", lease.name)
+            logger.error("lock %r was lost before its response ended", lease.name)
+        except Exception:
+            # Django's close() swallows a closer's error without a word.
+            logger.warning(
+                "could not release lock %r after its response; it expires at the end of its ttl",
+                lease.name,
+                exc_info=True,
+            )
 
     def when_dropped(self) -> None:
         if self._lease is None:
             return
         logger.warning(
-            "lock %r: its streaming response was dropped unsent (replaced by a middleware?); "
-            "releasing it",
+            "lock %r: its response was dropped unsent and unclosed (replaced by a "
+            "middleware?); releasing it",
             self._lease.name,
         )
         if _on_event_loop():
@@ -291,7 +347,7 @@ class _StreamRelease:
 
 
 class _SyncStream:
-    def __init__(self, content: Iterator[bytes], release: _StreamRelease) -> None:
+    def __init__(self, content: Iterator[bytes], release: _ResponseRelease) -> None:
         self._content = content
         self._release = release
 
@@ -311,7 +367,7 @@ class _SyncStream:
 
 
 class _AsyncStream:
-    def __init__(self, content: AsyncIterator[bytes], release: _StreamRelease) -> None:
+    def __init__(self, content: AsyncIterator[bytes], release: _ResponseRelease) -> None:
         self._content = content
         self._release = release
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,20 +17,23 @@ from urllib.parse import quote
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
-from django.db import connections
-from django.test import AsyncClient, RequestFactory
+from django.core.handlers.base import BaseHandler
+from django.db import connection, connections
+from django.http.response import HttpResponseBase
+from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.utils.decorators import method_decorator
 from django.views import View
 from hypothesis import given
 from hypothesis import strategies as st
 
 import locks
-from locks import validation
+from locks import decorators, leases, validation
 from locks.aio import run_sync
 from locks.decorators import LockViewMixin, lock_key, lock_view
 from locks.keys import encode_value, fit_name
 from locks.models import Lock
 from tests import views_locking
+from tests.app.models import Counter
 from tests.conftest import finish, spawn
 
 OTHER = "test-process-other-holder"  # a holder that is not the live server's request thread
@@ -418,3 +422,113 @@ def test_encode_value_output_is_letters_digits_and_escapes_only() -> None:
     assert set(encode_value("a-b_c.d~e f/g:h%ü")) <= set(
         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789%"
     )
+
+
+# --- transactions: the lease outlasts the request's writes ------------------------------------
+
+
+@pytest.fixture
+def locks_apart(backend: str) -> Iterator[str]:
+    """Where leases go while a request's transaction is open on "default".
+
+    SQLite allows one writer per file: there the locks get a file of their own, the
+    documented setup for ATOMIC_REQUESTS; on a server database they stay on "default".
+    """
+    if backend == "sqlite":
+        with override_settings(LOCKS={"DATABASE": "other"}):
+            yield "other"
+    else:
+        yield "default"
+
+
+def handle(path: str) -> HttpResponseBase:
+    """Run a GET through Django's handler and middleware, as a server does, unclosed."""
+    handler = BaseHandler()
+    handler.load_middleware()
+    return handler.get_response(RequestFactory().get(path))
+
+
+BUMP_VIEWS = ["decorated", "mixin"]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests")
+@pytest.mark.parametrize("kind", BUMP_VIEWS)
+def test_under_atomic_requests_the_next_holder_sees_the_committed_write(
+    kind: str, locks_apart: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counter = Counter.objects.create(name="c")
+    seen_by_next_holder: list[int] = []
+    real_end = leases._end
+
+    def end_then_next_request(lease: locks.Lease, failing: bool) -> None:
+        real_end(lease, failing)
+
+        # The lock is free: the next request takes it, then reads the counter.
+        def next_request() -> None:
+            try:
+                with locks.lock(lease.name, ttl=30, timeout=0, holder=OTHER):
+                    seen_by_next_holder.append(Counter.objects.get(pk=counter.pk).value)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=next_request)
+        thread.start()
+        thread.join()
+
+    monkeypatch.setattr(decorators, "_end", end_then_next_request)
+    response = Client().get(f"/locking/bump/{kind}/{counter.pk}/")
+    assert (response.status_code, response.content) == (200, b"1")
+    assert seen_by_next_holder == [1], "the lock was released before the write committed"
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests")
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+@pytest.mark.parametrize("kind", BUMP_VIEWS)
+def test_under_atomic_requests_the_lease_is_released_when_the_response_is_closed(
+    kind: str, outcome: str, locks_apart: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    counter = Counter.objects.create(name="c")
+    query = "?rollback=1" if outcome == "rollback" else ""
+    response = handle(f"/locking/bump/{kind}/{counter.pk}/{query}")
+    assert response.status_code == (409 if outcome == "rollback" else 200)
+    # The request's transaction has ended; the server has yet to send and close the answer.
+    assert Counter.objects.get(pk=counter.pk).value == (0 if outcome == "rollback" else 1)
+    assert locks.is_locked(f"bump:{counter.pk}")
+    response.close()
+    assert not locks.is_locked(f"bump:{counter.pk}")
+
+    # The test client closes its responses too: nothing is left behind, request after
+    # request, and nothing waited for the garbage collector.
+    for _ in range(3):
+        assert Client().get(f"/locking/bump/{kind}/{counter.pk}/{query}").status_code in (200, 409)
+    assert not Lock.objects.using(locks_apart).exists()
+    assert Counter.objects.get(pk=counter.pk).value == (0 if outcome == "rollback" else 4)
+    assert "dropped unsent" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests")
+def test_under_atomic_requests_a_lease_lost_before_the_view_returns_rolls_its_writes_back(
+    locks_apart: str,
+) -> None:
+    # Its release is not put off: it raises LockLost while the transaction can roll back.
+    counter = Counter.objects.create(name="c")
+    response = Client(raise_request_exception=False).get(f"/locking/bump/past-ttl/{counter.pk}/")
+    assert response.status_code == 500
+    assert Counter.objects.get(pk=counter.pk).value == 0
+
+
+@pytest.mark.django_db
+def test_a_view_called_directly_in_a_test_case_releases_its_lease_as_it_returns(
+    backend: str,
+) -> None:
+    # The test case's own transaction never commits: waiting for it would keep the lease
+    # until the response is collected.
+    if backend == "sqlite":
+        pytest.skip("SQLite refuses a lease inside the test case's write transaction")
+    counter = Counter.objects.create(name="c")
+    response = views_locking.bump(RequestFactory().get("/"), pk=counter.pk)
+    assert response.status_code == 200
+    assert not locks.is_locked(f"bump:{counter.pk}")

@@ -32,4 +32,7 @@ urlpatterns = [
     path("cbv/decorated/<int:pk>/", views.DecoratedView.as_view()),
     path("cbv/adecorated/<int:pk>/", views.AsyncDecoratedView.as_view()),
     path("cbv/auser/<slug:slug>/", views.AsyncUserMixinView.as_view()),
+    path("bump/decorated/<int:pk>/", views.bump),
+    path("bump/mixin/<int:pk>/", views.BumpMixinView.as_view()),
+    path("bump/past-ttl/<int:pk>/", views.bump_past_ttl),
 ]

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.middleware.http import ConditionalGetMiddleware
@@ -14,6 +15,7 @@ from django.utils.decorators import decorator_from_middleware, method_decorator
 from django.views import View
 
 from locks.decorators import LockViewMixin, lock_view
+from tests.app.models import Counter
 
 GATE_WAIT = 120.0  # seconds a gated view waits at most for its gate file
 
@@ -241,3 +243,36 @@ class AsyncDecoratedView(View):
     @method_decorator(lock_view("cbv:{pk}", ttl=30))
     async def get(self, request: HttpRequest, pk: int) -> HttpResponse:
         return _lease_json(request)
+
+
+def _bump(request: HttpRequest, pk: int) -> HttpResponse:
+    """A read-modify-write: only the lock keeps two requests from losing an update."""
+    counter = Counter.objects.get(pk=pk)
+    counter.value += 1
+    counter.save()
+    if request.GET.get("rollback"):
+        # Refused after the write: ATOMIC_REQUESTS rolls it back, the answer is an error.
+        transaction.set_rollback(True)
+        return HttpResponse(str(counter.value), status=409)
+    return HttpResponse(str(counter.value))
+
+
+@lock_view("bump:{pk}", ttl=30)
+def bump(request: HttpRequest, pk: int) -> HttpResponse:
+    return _bump(request, pk)
+
+
+@lock_view("bump:{pk}", ttl=0.5)
+def bump_past_ttl(request: HttpRequest, pk: int) -> HttpResponse:
+    """Writes, then runs past its lease's ttl."""
+    response = _bump(request, pk)
+    time.sleep(0.6)
+    return response
+
+
+class BumpMixinView(LockViewMixin, View):
+    lock_key = "bump:{pk}"
+    lock_ttl = 30
+
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return _bump(request, pk)
