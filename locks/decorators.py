@@ -123,18 +123,21 @@ class ViewLock:
             lease = attempt.wait(self.timeout)
         except LockBusy:
             return self._busy(request, name, self._retry_after(name))
-        request.lock_lease = lease  # type: ignore[attr-defined]
+        outer = _enter(request, lease)
         try:
-            response = view(request, *args, **kwargs)
-            if callable(getattr(response, "render", None)) and not response.is_rendered:
-                # Rendered under the lease: a failing template must not leave it behind.
-                response = response.render()
-        except BaseException:
-            # Released at once: the view's writes, if any, are rolled back, and the
-            # release runs on the app's own connection, apart from that transaction.
-            _end(lease, True)
-            raise
-        return _hand_over(lease, response)
+            try:
+                response = view(request, *args, **kwargs)
+                if callable(getattr(response, "render", None)) and not response.is_rendered:
+                    # Rendered under the lease: a failing template must not leave it behind.
+                    response = response.render()
+            except BaseException:
+                # Released at once: the view's writes, if any, are rolled back, and the
+                # release runs on the app's own connection, apart from that transaction.
+                _end(lease, True)
+                raise
+            return _hand_over(lease, response)
+        finally:
+            _leave(request, outer)
 
     def _retry_after(self, name: str) -> int:
         if self.retry_after is not None:
@@ -175,22 +178,25 @@ class ViewLock:
         except LockBusy:
             retry_after = await run_sync(self._retry_after, name)
             return await sync_to_async(self._busy)(request, name, retry_after)
-        request.lock_lease = lease  # type: ignore[attr-defined]
+        outer = _enter(request, lease)
         try:
-            response = await view(request, *args, **kwargs)
-            if callable(getattr(response, "render", None)) and not response.is_rendered:
-                response = await sync_to_async(response.render)()
-            # Whatever the view returned (None too, which Django then refuses), the lease
-            # is released or handed to the streaming content. No transaction of the
-            # request can be open here: Django refuses ATOMIC_REQUESTS for async views,
-            # and atomic() cannot span an await.
-            if getattr(response, "streaming", False):
-                return _hand_over(lease, response)
-        except BaseException:
-            await asyncio.shield(run_sync(_end, lease, True))
-            raise
-        await asyncio.shield(run_sync(_end, lease, False))
-        return cast(HttpResponseBase, response)
+            try:
+                response = await view(request, *args, **kwargs)
+                if callable(getattr(response, "render", None)) and not response.is_rendered:
+                    response = await sync_to_async(response.render)()
+                # Whatever the view returned (None too, which Django then refuses), the
+                # lease is released or handed to the streaming content. No transaction of
+                # the request can be open here: Django refuses ATOMIC_REQUESTS for async
+                # views, and atomic() cannot span an await.
+                if getattr(response, "streaming", False):
+                    return _hand_over(lease, response)
+            except BaseException:
+                await asyncio.shield(run_sync(_end, lease, True))
+                raise
+            await asyncio.shield(run_sync(_end, lease, False))
+            return cast(HttpResponseBase, response)
+        finally:
+            _leave(request, outer)
 
 
 def _check_status(status: Any) -> int:
@@ -239,6 +245,24 @@ def _refuse_event_loop(view: Any) -> None:
         "view), so the lease would not cover the handler; use LockViewMixin, or decorate "
         "the async handler (get, post) itself"
     )
+
+
+_NO_LEASE = object()
+
+
+def _enter(request: HttpRequest, lease: Lease) -> Any:
+    """Give the view its lease in ``request.lock_lease``; return what was there before."""
+    outer = getattr(request, "lock_lease", _NO_LEASE)
+    request.lock_lease = lease  # type: ignore[attr-defined]
+    return outer
+
+
+def _leave(request: HttpRequest, outer: Any) -> None:
+    # A locked view called by another one (a re-entry of the same key, or another key)
+    # must leave the caller its own lease, not the re-entry it just released. The
+    # outermost view's lease stays, released, for middleware that logs its token.
+    if outer is not _NO_LEASE:
+        request.lock_lease = outer  # type: ignore[attr-defined]
 
 
 def _in_transaction(connection: BaseDatabaseWrapper) -> bool:

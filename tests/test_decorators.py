@@ -18,7 +18,8 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 from django.core.handlers.base import BaseHandler
-from django.db import connection, connections
+from django.db import connection, connections, transaction
+from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.utils.decorators import method_decorator
@@ -532,3 +533,58 @@ def test_a_view_called_directly_in_a_test_case_releases_its_lease_as_it_returns(
     response = views_locking.bump(RequestFactory().get("/"), pk=counter.pk)
     assert response.status_code == 200
     assert not locks.is_locked(f"bump:{counter.pk}")
+
+
+# --- nested locked views --------------------------------------------------------------------
+
+
+@lock_view("nested:{pk}", ttl=30)
+def inner_view(request: HttpRequest, pk: int) -> HttpResponse:
+    return HttpResponse("inner")
+
+
+@lock_view("nested:{pk}", ttl=30)
+def outer_view(request: HttpRequest, pk: int) -> HttpResponse:
+    own = request.lock_lease  # type: ignore[attr-defined]
+    inner_view(request, pk=pk)  # the same key in the same request: a re-entry
+    assert request.lock_lease is own  # type: ignore[attr-defined]
+    request.lock_lease.renew()  # type: ignore[attr-defined]
+    return HttpResponse("outer")
+
+
+@lock_view("nested:{pk}", ttl=30)
+async def ainner_view(request: HttpRequest, pk: int) -> HttpResponse:
+    return HttpResponse("inner")
+
+
+@lock_view("nested:{pk}", ttl=30)
+async def aouter_view(request: HttpRequest, pk: int) -> HttpResponse:
+    own = request.lock_lease  # type: ignore[attr-defined]
+    await ainner_view(request, pk=pk)
+    assert request.lock_lease is own  # type: ignore[attr-defined]
+    await request.lock_lease.arenew()  # type: ignore[attr-defined]
+    return HttpResponse("outer")
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.parametrize("kind", ["sync", "sync-in-atomic", "async"])
+def test_a_nested_locked_view_leaves_the_caller_its_own_lease(
+    kind: str, locks_apart: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    request = RequestFactory().get("/outer/")
+    if kind == "async":
+        response = asyncio.run(aouter_view(request, pk=7))
+    elif kind == "sync-in-atomic":
+        # The re-entry is released at once (the outer holding keeps the lock), the outer
+        # lease once its response is closed.
+        with transaction.atomic():
+            response = outer_view(request, pk=7)
+        assert locks.is_locked("nested:7")
+        response.close()
+    else:
+        response = outer_view(request, pk=7)
+    assert (response.status_code, response.content) == (200, b"outer")
+    assert request.lock_lease.name == "nested:7"  # type: ignore[attr-defined]
+    assert not request.lock_lease.held  # type: ignore[attr-defined]
+    assert not locks.is_locked("nested:7")
+    assert "dropped unsent" not in caplog.text
