@@ -588,3 +588,47 @@ def test_a_nested_locked_view_leaves_the_caller_its_own_lease(
     assert not request.lock_lease.held  # type: ignore[attr-defined]
     assert not locks.is_locked("nested:7")
     assert "dropped unsent" not in caplog.text
+
+
+# --- LockViewMixin's key callable ------------------------------------------------------------
+
+
+def _mixin_key(request: HttpRequest, *args: Any, **kwargs: Any) -> str:
+    assert isinstance(request, HttpRequest), f"called with {request!r}, not the request"
+    return f"mixin:{kwargs['pk']}"
+
+
+class MethodKeyView(LockViewMixin, View):
+    def lock_key(self, request: HttpRequest, *args: Any, **kwargs: Any) -> str:
+        assert isinstance(self, MethodKeyView), f"called with {self!r}, not the view"
+        return _mixin_key(request, *args, **kwargs)
+
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return _lease_name(request)
+
+
+class StaticKeyView(LockViewMixin, View):
+    lock_key = staticmethod(_mixin_key)
+
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return _lease_name(request)
+
+
+def _lease_name(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(request.lock_lease.name)  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "view",
+    [
+        MethodKeyView.as_view(),
+        StaticKeyView.as_view(),
+        StaticKeyView.as_view(lock_key=_mixin_key),  # an instance attribute then
+    ],
+    ids=["method", "staticmethod", "as_view-argument"],
+)
+def test_a_mixin_key_callable_is_a_method_or_a_staticmethod_as_documented(view: Any) -> None:
+    response = view(RequestFactory().get("/"), pk=3)
+    assert (response.status_code, response.content) == (200, b"mixin:3")
+    assert not Lock.objects.exists()
