@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncContextDecorator
 from datetime import timedelta
 from types import TracebackType
@@ -82,30 +82,44 @@ def _tidy_after(function: Callable[P, T]) -> Callable[P, T]:
     return call
 
 
+def _in_thread(function: Callable[[], T]) -> Awaitable[T]:
+    """``function()`` in a worker thread, acting as the calling task's holder.
+
+    A plain function, not a coroutine: the holder is read here, in the caller's task,
+    which may not be the task that awaits the result (:func:`_attempt` runs it in one of
+    its own).
+    """
+    call = acting_as(task_holder(), _tidy_after(function))
+    return sync_to_async(call, thread_sensitive=False)()
+
+
 async def run_sync(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a blocking lock call in a worker thread, off the event loop.
 
     In that call the default holder is the calling task's (:func:`task_holder`), not the
-    worker thread's, which other tasks' calls share.
+    worker thread's, which other tasks' calls share. If the caller is cancelled (or
+    times out in ``asyncio.wait_for``) while the call runs, the thread cannot be stopped
+    and runs it to its end: a :class:`Lease` it returns then is released, as a lease won
+    by a cancelled :func:`aacquire` is, instead of being held for nobody until its TTL.
 
     Example::
 
         await run_sync(lease.renew, 30)
         lease = await run_sync(locks.acquire, "orders:42", timeout=0)  # held by this task
     """
-    call = acting_as(task_holder(), _tidy_after(function))
-    return await sync_to_async(call, thread_sensitive=False)(*args, **kwargs)
+    return await _attempt(functools.partial(function, *args, **kwargs))
 
 
 def _release_quietly(lease: Lease) -> None:
     try:
         lease.release()
     except Exception:
-        logger.warning("could not release lock %r after a cancelled acquire", lease.name)
+        logger.warning("could not release lock %r after its caller was cancelled", lease.name)
 
 
 async def _attempt(attempt: Callable[[], T]) -> T:
-    """One attempt; if the caller is cancelled meanwhile, a lease it won is released.
+    """``attempt()`` in a worker thread; if the caller is cancelled meanwhile, a lease it
+    won is released.
 
     The attempt runs on in its worker thread whatever happens to the caller, and the
     event loop may be gone by the time it ends (``asyncio.run`` cancelling every task at
@@ -126,15 +140,25 @@ async def _attempt(attempt: Callable[[], T]) -> T:
             _release_quietly(won)
         return won
 
+    # _in_thread, not run_sync: run_sync comes through here.
+    future = asyncio.ensure_future(_in_thread(run))
     try:
-        return await asyncio.shield(asyncio.ensure_future(run_sync(run)))
+        return await asyncio.shield(future)
     except asyncio.CancelledError:
         with mutex:
             abandoned = True
             won = handed[0] if handed else None
         if isinstance(won, Lease):
             threading.Thread(target=_release_quietly, args=(won,), name="locks-release").start()
+        # Nobody awaits the attempt now: fetch its error (a LockBusy at the end of a wait,
+        # say), or asyncio logs it as never retrieved.
+        future.add_done_callback(_consume)
         raise
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class _LoopEvent:

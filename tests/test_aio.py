@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -219,6 +220,50 @@ def test_a_lease_won_after_its_event_loop_shut_down_is_released() -> None:
     asyncio.run(main())
     blocker.join()
     assert wait_until(lambda: not locks.is_locked("aio:shutdown"), 10), "left behind"
+
+
+def test_a_lease_won_by_a_run_sync_call_whose_caller_was_cancelled_is_released() -> None:
+    # The worker thread cannot be stopped: after asyncio.wait_for gives up, a blocking
+    # acquire waits on and takes the lock, which nobody would release until its TTL.
+    blocker = locks.acquire("aio:run-sync-cancelled", ttl=30, holder=OTHER)
+    returned = threading.Event()
+
+    def acquire() -> locks.Lease:
+        try:
+            return locks.acquire("aio:run-sync-cancelled", ttl=30, timeout=10)
+        finally:
+            returned.set()
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(run_sync(acquire), 0.5)
+        await run_sync(blocker.release)  # the abandoned thread gets the lock now
+
+    asyncio.run(main())
+    assert returned.wait(10), "the abandoned acquire did not get the lock"
+    assert wait_until(lambda: not locks.is_locked("aio:run-sync-cancelled"), 5), (
+        "the lease the abandoned run_sync call won was left behind"
+    )
+
+
+def test_a_run_sync_call_that_completes_returns_its_lease_held() -> None:
+    blocker = locks.acquire("aio:run-sync-done", ttl=30, holder=OTHER)
+
+    async def main() -> tuple[locks.Lease, str, bool]:
+        async def release_soon() -> None:
+            await asyncio.sleep(0.3)
+            await run_sync(blocker.release)
+
+        releasing = asyncio.create_task(release_soon())
+        lease = await run_sync(locks.acquire, "aio:run-sync-done", ttl=30, timeout=10)
+        await releasing
+        await asyncio.sleep(0.2)  # time enough for a wrongful release to show
+        return lease, task_holder(), await run_sync(locks.check_token, lease.name, lease.token)
+
+    lease, holder, live = asyncio.run(main())
+    assert live and lease.holder == holder
+    lease.release()
+    assert not Lock.objects.exists()
 
 
 def test_waiting_for_a_busy_lock_does_not_block_the_event_loop() -> None:
