@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import itertools
 import logging
 import threading
@@ -24,7 +25,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.db import connections
 
 from . import connection, validation, waiting
@@ -43,6 +44,7 @@ from .leases import (
 logger = logging.getLogger("locks")
 P = ParamSpec("P")
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 _task_holders: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
 
@@ -280,6 +282,38 @@ class AsyncLockContext(Entered, AbstractAsyncContextManager[Lease], AsyncContext
     def _recreate_cm(self) -> AsyncLockContext:
         # Used as a decorator, each call gets its own lease (and its own task's holder).
         return AsyncLockContext(self._request, self._timeout, self._unset)
+
+    def __call__(self, func: F) -> F:
+        # The decorator awaits what the call returns, under the lock: anything but a
+        # coroutine function would take the lock and then fail (an async generator is not
+        # awaitable) or run a plain function's body on the event loop. Refused here, at
+        # decoration time, as @locks.lock() refuses generator functions.
+        target = (
+            func
+            if inspect.isroutine(func) or isinstance(func, functools.partial | type)
+            else type(func).__call__  # an object with an async __call__
+        )
+        if not iscoroutinefunction(target):
+            name = getattr(func, "__qualname__", func)
+            kind = (
+                "async generator"
+                if inspect.isasyncgenfunction(target)
+                else "generator"
+                if inspect.isgeneratorfunction(target)
+                else None
+            )
+            if kind is not None:
+                raise TypeError(
+                    f"@locks.alock() on {name!r}, {'an' if kind[0] == 'a' else 'a'} {kind} "
+                    f"function, cannot hold the lock while it runs: the call only makes the "
+                    f"{kind}; hold the lock inside it (async with locks.alock(...), or "
+                    "with locks.lock(...) in a generator)"
+                )
+            raise TypeError(
+                f"@locks.alock() decorates async def functions, and {name!r} is not one: "
+                "use @locks.lock() on a plain function"
+            )
+        return super().__call__(func)
 
     async def __aenter__(self) -> Lease:
         request = self._request.with_defaults(self._unset, task_holder)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import socket
@@ -11,7 +12,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -393,6 +394,55 @@ def test_bad_arguments_raise_before_any_query(call: Any, error: type) -> None:
         asyncio.run(call())
     with pytest.raises(ValueError):
         locks.alock("x", ttl=float("inf"))
+    assert not Lock.objects.exists()
+
+
+async def _coroutine_function() -> None: ...
+
+
+async def _async_generator_function() -> AsyncIterator[int]:
+    yield 1
+
+
+def _generator_function() -> Iterator[int]:
+    yield 1
+
+
+def _plain_function() -> None: ...
+
+
+class _AsyncCallable:
+    async def __call__(self) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("func", "message"),
+    [
+        (_async_generator_function, "an async generator function, cannot hold the lock"),
+        (_generator_function, "a generator function, cannot hold the lock"),
+        (_plain_function, "decorates async def functions.*use @locks.lock"),
+        (lambda: None, "decorates async def functions"),
+        (_AsyncCallable, "decorates async def functions"),  # the class makes no coroutine
+    ],
+)
+def test_alock_refuses_to_decorate_what_is_not_a_coroutine_function(
+    func: Callable[..., Any], message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        locks.alock("aio:decorated", ttl=30)(func)
+    assert not Lock.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "func",
+    [_coroutine_function, functools.partial(_coroutine_function), _AsyncCallable()],
+    ids=["function", "partial", "async-callable"],
+)
+def test_alock_decorates_coroutine_functions_and_async_callables(
+    func: Callable[[], Coroutine[Any, Any, None]],
+) -> None:
+    decorated = locks.alock("aio:decorated", ttl=30)(func)
+    asyncio.run(decorated())
     assert not Lock.objects.exists()
 
 
