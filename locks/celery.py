@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import Task
 from celery.canvas import _chain
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
 from celery.signals import task_revoked
 from celery.utils import uuid
@@ -104,9 +104,10 @@ class SingletonTask(Task[..., Any]):
     nothing: it returns the ``AsyncResult`` of the queued run (``on_duplicate="return"``)
     or raises :class:`~locks.DuplicateTask` (``on_duplicate="raise"``). The worker
     releases the lease when the run ends (success, failure, final retry failure); a retry
-    keeps it. A message dropped unrun (``revoke()``, ``expires``) or a run killed by
-    ``revoke(terminate=True)`` releases it too, when the worker reports the revoke. A
-    worker that dies mid-run leaves the lease to expire after ``lock_ttl``.
+    keeps it, and so does ``Reject(requeue=True)`` in an ``acks_late`` task. A message
+    dropped unrun (``revoke()``, ``expires``) or a run killed by ``revoke(terminate=True)``
+    releases it too, when the worker reports the revoke. A worker that dies mid-run leaves
+    the lease to expire after ``lock_ttl``.
     A worker that receives a duplicate anyway (sent by code that bypassed ``apply_async``)
     skips it and logs why.
 
@@ -343,6 +344,14 @@ class SingletonTask(Task[..., Any]):
             return self.run(*args, **kwargs)
         except Retry:
             retrying = True  # the retry is queued under the same task id: keep the lock
+            raise
+        except Reject as exc:
+            # Rejected with requeue, the message goes back to the queue under the same task
+            # id, as a retry does: keep the lock. Only an unacknowledged message can go
+            # back, so only with acks_late (others were acknowledged when the run began),
+            # and never in an eager run, which has no message.
+            requeued = bool(getattr(exc, "requeue", False))  # not in the type stubs
+            retrying = requeued and bool(self.acks_late) and not request.is_eager
             raise
         finally:
             if retrying or getattr(request, _HANDED_OVER, False):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.app.task import Context
-from celery.exceptions import Retry
+from celery.exceptions import Reject, Retry
 from celery.signals import task_revoked
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -432,6 +432,51 @@ def test_a_retry_stops_the_auto_renewal_of_the_runs_lease(app: Celery) -> None:
     while locks.is_locked(key) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not locks.is_locked(key), "the lease was renewed on after the retry"
+
+
+@pytest.mark.parametrize(
+    ("requeue", "acks_late", "kept"),
+    [(True, True, True), (True, False, False), (False, True, False)],
+    ids=["requeued", "requeue-but-acked-at-start", "not-requeued"],
+)
+def test_a_run_rejected_with_requeue_keeps_its_key_like_a_retry(
+    app: Celery, requeue: bool, acks_late: bool, kept: bool
+) -> None:
+    # Reject(requeue=True) puts the message back in the queue under the same task id: a
+    # freed key would let a duplicate in beside it. Without acks_late the message was
+    # acknowledged when the run began and nothing goes back, so the key is freed.
+    def body(n: int) -> None:
+        raise Reject("not now", requeue=requeue)
+
+    decorate: Any = app.task
+    task = decorate(
+        base=SingletonTask,
+        name="t.reject",
+        shared=False,
+        acks_late=acks_late,
+        lock_ttl=2,
+        lock_auto_renew=True,  # renews every 2/3 s while a run holds the lease
+    )(body)
+    first = task.delay(1)
+    key = task.lock_name((1,))
+    # As the worker runs that message: its task id, its key header.
+    task.push_request(id=first.id, args=(1,), kwargs={}, headers={KEY_HEADER: key})
+    task.request.called_directly = False
+    try:
+        with pytest.raises(Reject):
+            task(1)
+    finally:
+        task.pop_request()
+    assert locks.is_locked(key) is kept
+    if kept:
+        assert task.delay(1).id == first.id  # a duplicate of the requeued message
+        held = Lock.objects.get(name=key)
+        assert held.holder == first.id
+        time.sleep(1)  # no run holds it while it waits: auto-renew must have stopped
+        assert Lock.objects.get(name=key).expires_at == held.expires_at
+    else:
+        assert task.delay(1).id != first.id
+    assert queued(app) == (2 if not kept else 1)
 
 
 @pytest.mark.parametrize(
