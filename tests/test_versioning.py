@@ -21,7 +21,7 @@ import locks
 from locks.checks import check_versioned_managers
 from locks.forms import STALE_VERSION, VersionedModelForm
 from locks.models import VersionedModel
-from tests.app.models import VersionedNote
+from tests.app.models import VersionedChapter, VersionedNote
 from tests.remote import Remote, remotes
 from tests.urls_versioning import FieldsetsNoteAdmin, FieldsNoteAdmin
 
@@ -66,6 +66,72 @@ def test_a_save_based_on_an_old_version_is_refused_and_writes_nothing() -> None:
     mine.title = "mine"
     mine.save()
     assert stored(note.pk) == ("mine", "theirs", 3)
+
+
+def test_a_rolled_back_save_does_not_let_the_copy_overwrite_a_later_save() -> None:
+    note = VersionedNote.objects.create(title="t", body="original")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        note.body = "mine"
+        note.save()  # version 2, until the rollback takes it back to 1
+        raise RuntimeError("a later step of the same transaction failed")
+    assert stored(note.pk) == ("t", "original", 1)
+    theirs = VersionedNote.objects.get(pk=note.pk)
+    theirs.body = "theirs"
+    theirs.save()  # version 2, but not the 2 this copy saved
+    note.body = "mine, retried"
+    with pytest.raises(locks.ConcurrentUpdate, match=r"based on version 1.*at version 2"):
+        note.save()
+    assert stored(note.pk) == ("t", "theirs", 2)
+    assert note.version == 1
+    note.refresh_from_db()
+    note.body = "mine, on theirs"
+    note.save()
+    assert stored(note.pk) == ("t", "mine, on theirs", 3)
+
+
+def test_a_failed_multi_table_save_leaves_the_copy_at_the_version_the_row_has() -> None:
+    VersionedChapter.objects.create(title="other", code="taken")
+    chapter = VersionedChapter.objects.create(title="t", code="c1")
+    chapter.code = "taken"
+    with pytest.raises(IntegrityError):
+        chapter.save()  # the parent's table (the version's) updated, then the child's fails
+    assert chapter.version == 1
+    assert VersionedChapter.objects.get(pk=chapter.pk).version == 1
+    theirs = VersionedChapter.objects.get(pk=chapter.pk)
+    theirs.body = "theirs"
+    theirs.save()
+    chapter.code = "c2"
+    with pytest.raises(locks.ConcurrentUpdate):
+        chapter.save()
+    assert (VersionedChapter.objects.get(pk=chapter.pk).body, theirs.version) == ("theirs", 2)
+
+
+def test_saves_of_one_copy_in_one_transaction_follow_each_other() -> None:
+    note = VersionedNote.objects.create(title="t")
+    with transaction.atomic():
+        note.body = "one"
+        note.save()
+        note.body = "two"
+        note.save()  # based on its own uncommitted save
+        assert note.version == 3
+    note.body = "three"
+    note.save()  # and after the commit
+    assert stored(note.pk) == ("t", "three", 4)
+
+
+def test_a_save_rolled_back_with_its_savepoint_is_taken_back_and_the_earlier_one_kept() -> None:
+    note = VersionedNote.objects.create(title="t")
+    with transaction.atomic():
+        note.body = "kept"
+        note.save()  # version 2
+        with pytest.raises(RuntimeError), transaction.atomic():
+            note.body = "dropped"
+            note.save()  # version 3, until the savepoint's rollback
+            raise RuntimeError("this step failed")
+        note.body = "kept, then more"
+        note.save()  # based on version 2, as the row is
+        assert note.version == 3
+    assert stored(note.pk) == ("t", "kept, then more", 3)
 
 
 def test_a_versioned_save_is_one_conditional_update() -> None:

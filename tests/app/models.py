@@ -30,8 +30,10 @@ class Hold(models.Model):
         return f"{self.name} by {self.worker} token {self.token}: {self.started}..{self.ended}"
 
 
-class Item(models.Model):
-    """A plain row for ``lock_rows`` tests."""
+# VersionedTask's reverse manager is built on VersionedQuerySet.as_manager(), which the
+# django-stubs plugin cannot resolve.
+class Item(models.Model):  # type: ignore[django-manager-missing]
+    """A plain row for ``lock_rows`` tests (and VersionedTask's)."""
 
     name = models.CharField(max_length=100)
     value = models.IntegerField(default=0)
@@ -98,3 +100,25 @@ class CeleryRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.label} run by task {self.task_id} (pid {self.pid})"
+
+
+class VersionedChapter(VersionedNote):
+    """A VersionedNote's child by multi-table inheritance, with a unique column of its own.
+
+    Its version is the parent's column: a save updates that table before this one.
+    """
+
+    code = models.CharField(max_length=20, unique=True)
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.title} (version {self.version})"
+
+
+class VersionedTask(VersionedModel):
+    """A versioned row whose item is set to NULL when the item is deleted."""
+
+    title = models.CharField(max_length=100, default="")
+    item = models.ForeignKey(Item, null=True, on_delete=models.SET_NULL)
+
+    def __str__(self) -> str:
+        return f"{self.title} (version {self.version})"
