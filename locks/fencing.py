@@ -160,10 +160,20 @@ class FencedModel(RawSaveAware):
     def save(self, *args: Any, fence: int | None = None, **kwargs: Any) -> None:
         """Save; with ``fence=token``, only if no greater token has written this row.
 
+        With ``fence``, the other arguments must be keywords (Django 6.0 takes nothing
+        else): ``TypeError`` before any query otherwise, as the fenced save could not see
+        a positional ``update_fields``.
+
         Example::
 
-            obj.save(fence=lease.token)
+            obj.save(fence=lease.token, update_fields=["balance"])
         """
+        if args and fence is not None:
+            raise TypeError(
+                f"{self._meta.label}.save(fence=...) takes its other arguments as keywords "
+                "only (force_insert=, force_update=, using=, update_fields=); nothing was "
+                "written"
+            )
         token = None if fence is None else validation.check_token(fence)
         update_fields: Iterable[str] | None = kwargs.get("update_fields")
         if update_fields is not None:

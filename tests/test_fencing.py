@@ -126,6 +126,23 @@ def test_a_fenced_save_with_empty_update_fields_saves_nothing_as_in_django() -> 
     assert stored(record.pk) == ("a", 0)
 
 
+def test_a_fenced_save_with_positional_arguments_is_refused_before_any_query() -> None:
+    # Django 5.2 still takes save(force_insert, force_update, using, update_fields), with
+    # a deprecation warning; the fence must not be given a chance to miss update_fields.
+    record = FencedRecord.objects.create(key="k", data="original")
+    newer = FencedRecord.objects.get(pk=record.pk)
+    newer.data = "newer"
+    newer.save(fence=9)
+    record.data = "stale"
+    with CaptureQueriesContext(connection) as queries, pytest.raises(TypeError, match="keywords"):
+        record.save(False, False, None, ["data"], fence=3)
+    assert len(queries) == 0
+    assert stored(record.pk) == ("newer", 9)
+    with pytest.raises(locks.StaleToken):
+        record.save(update_fields=["data"], fence=3)  # the same save, by keywords
+    assert stored(record.pk) == ("newer", 9)
+
+
 @pytest.mark.parametrize("deferred", [("data",), ("key",)], ids=["only-data", "only-key"])
 def test_a_copy_loaded_without_its_fence_is_still_fenced(deferred: tuple[str, ...]) -> None:
     # only() defers the fence; Django then saves just the loaded fields, and the fence
