@@ -112,11 +112,13 @@ def _innodb_flush(connection: Any) -> int:
 
 @register(Tags.models)
 def check_versioned_managers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """locks.E006: a VersionedModel whose default manager's update() leaves the version.
+    """locks.E006, E007: a VersionedModel whose rows some update leaves at their version.
 
-    Such a manager (a custom ``objects``, or a parent's under multi-table inheritance)
-    updates rows without incrementing their version, so a copy loaded before the update
-    then saves over it unnoticed.
+    E006: the default manager's ``update()`` (a custom ``objects``, or a parent's under
+    multi-table inheritance), or the base manager's where ``on_delete=SET_NULL`` or
+    ``SET(value)`` updates rows through it. E007: ``on_delete=SET_DEFAULT`` or
+    ``SET(callable)``, which Django writes past every manager. Either way a copy loaded
+    before the update then saves over it unnoticed.
     """
     from django.apps import apps
 
@@ -142,6 +144,58 @@ def check_versioned_managers(app_configs: Any = None, **kwargs: Any) -> list[Che
                     "objects = VersionedQuerySet.as_manager(), or "
                     "MyQuerySet(VersionedQuerySet).",
                     obj=model,
+                    id="locks.E006",
+                )
+            )
+        errors.extend(_versioned_on_delete(model, VersionedQuerySet))
+    return errors
+
+
+def _versioned_on_delete(model: Any, versioned: type[Any]) -> list[CheckMessage]:
+    """locks.E006, E007 for the foreign keys of ``model`` that deleting their target updates."""
+    from django.db.models import SET_DEFAULT, SET_NULL
+
+    errors: list[CheckMessage] = []
+    # Local fields: a parent's foreign keys are updated through the parent's managers.
+    for field in model._meta.local_fields:
+        on_delete = getattr(field.remote_field, "on_delete", None)
+        deconstruct = getattr(on_delete, "deconstruct", None)
+        is_set = deconstruct is not None and deconstruct()[0] == "django.db.models.SET"
+        if on_delete not in (SET_NULL, SET_DEFAULT) and not is_set:
+            continue
+        handler = "SET(...)" if is_set else getattr(on_delete, "__name__", "")
+        target = field.remote_field.model._meta.label
+        # The lazy ones update through the base manager's update(); the others have the
+        # rows loaded first and write them with a query of Django's own.
+        if not getattr(on_delete, "lazy_sub_objs", False):
+            errors.append(
+                Error(
+                    f"{model._meta.label}.{field.name} has on_delete={handler}: deleting a "
+                    f"{target} updates the rows pointing at it without incrementing their "
+                    "version (Django writes them past every manager).",
+                    hint="Use on_delete=models.SET_NULL or models.SET(<a constant value>), "
+                    "whose update goes through the base manager and increments the version; "
+                    "or CASCADE or PROTECT.",
+                    obj=field,
+                    id="locks.E007",
+                )
+            )
+            continue
+        manager = model._base_manager
+        queryset = manager.get_queryset()
+        if not isinstance(queryset, versioned):
+            errors.append(
+                Error(
+                    f"{model._meta.label}.{field.name} has on_delete={handler}: deleting a "
+                    f"{target} updates the rows pointing at it through the base manager "
+                    f"({manager.name}), whose {type(queryset).__name__} would not "
+                    "increment the version.",
+                    hint="Name a manager built on locks.versioning.VersionedQuerySet that "
+                    "leaves no row out in Meta.base_manager_name (e.g. rows = "
+                    'VersionedQuerySet.as_manager(), base_manager_name = "rows"). Without '
+                    "one, the default manager is taken when it is a VersionedQuerySet "
+                    "manager that does not override get_queryset().",
+                    obj=field,
                     id="locks.E006",
                 )
             )

@@ -8,6 +8,8 @@ from typing import Any, TypeVar, cast
 from django import forms
 from django.db import connections, models, transaction
 from django.db.models import F, Field
+from django.db.models.manager import BaseManager
+from django.db.models.signals import class_prepared
 
 from .exceptions import ConcurrentUpdate
 from .saving import RawSaveAware
@@ -297,3 +299,35 @@ class VersionedModel(RawSaveAware):
             f"version {expected}, the row is at version {current}; nothing was written. "
             "Load it again (refresh_from_db) and redo the change."
         )
+
+
+def _base_manager_from_default(sender: type[models.Model], **kwargs: Any) -> None:
+    """``class_prepared``: make a versioned model's base manager its default manager.
+
+    Django writes through the base manager where it writes no object of its own: the
+    ``update()`` by which deleting a row sets ``on_delete=SET_NULL`` (or ``SET(value)``)
+    foreign keys pointing at it. Django's own base manager is a plain ``Manager``, whose
+    update leaves the version, so copies loaded before it could then save over it. The
+    default manager is taken only where it is a plain ``VersionedQuerySet`` manager:
+    one that overrides ``get_queryset()`` may leave rows out, which the base manager must
+    not (saves and related lookups go through it). A model that names its own base manager
+    keeps it. System check ``locks.E006`` reports what this leaves unversioned.
+    """
+    meta = sender._meta
+    if not issubclass(sender, VersionedModel) or meta.abstract or meta.base_manager_name:
+        return
+    manager = meta.default_manager
+    queryset_class = getattr(manager, "_queryset_class", None)
+    if (
+        manager is None
+        or not (isinstance(queryset_class, type) and issubclass(queryset_class, VersionedQuerySet))
+        or type(manager).get_queryset is not BaseManager.get_queryset
+    ):
+        return
+    # Set as the model's Meta option, not as the cached manager: the cache is cleared
+    # whenever the app registry changes, the option is what it is rebuilt from.
+    meta.base_manager_name = manager.name
+    meta.__dict__.pop("base_manager", None)
+
+
+class_prepared.connect(_base_manager_from_default, dispatch_uid="locks.versioned_base_manager")

@@ -20,8 +20,8 @@ from django.urls import reverse
 import locks
 from locks.checks import check_versioned_managers
 from locks.forms import STALE_VERSION, VersionedModelForm
-from locks.models import VersionedModel
-from tests.app.models import VersionedChapter, VersionedNote
+from locks.models import VersionedModel, VersionedQuerySet
+from tests.app.models import Item, VersionedChapter, VersionedNote, VersionedTask
 from tests.remote import Remote, remotes
 from tests.urls_versioning import FieldsetsNoteAdmin, FieldsNoteAdmin
 
@@ -309,6 +309,81 @@ def test_every_versioned_models_default_manager_increments_the_version_or_check_
         ("locks.E006", "InheritedNote"),
     ]
     assert "update() would not increment the version" in errors[0].msg
+
+
+def test_on_delete_set_null_increments_the_version_of_the_rows_it_updates() -> None:
+    item = Item.objects.create(name="i")
+    task = VersionedTask.objects.create(title="t", item=item)
+    stale = VersionedTask.objects.get(pk=task.pk)
+    item.delete()  # SET_NULL: Django updates the task's row through the base manager
+    task.refresh_from_db()
+    assert (task.item_id, task.version) == (None, 2)
+    stale.title = "edited from a copy loaded before the SET_NULL"
+    with pytest.raises(locks.ConcurrentUpdate, match=r"based on version 1.*at version 2"):
+        stale.save()  # it would have set the item back to the deleted one
+    task.refresh_from_db()
+    assert (task.title, task.item_id) == ("t", None)
+
+
+def test_the_base_manager_is_the_default_one_when_that_one_is_versioned_and_unfiltered() -> None:
+    # A subclass with a Meta of its own does not inherit an abstract parent's
+    # base_manager_name, and the registry's cache clears drop a cached base manager.
+    with isolate_apps("tests.app") as isolated:
+
+        class Target(models.Model):  # noqa: DJ008
+            class Meta:
+                app_label = "testapp"
+
+        class OwnMetaTask(VersionedModel):
+            target = models.ForeignKey(Target, null=True, on_delete=models.SET_NULL)
+
+            class Meta:
+                app_label = "testapp"
+                ordering = ["pk"]
+
+        class Filtering(models.Manager["FilteringTask"]):
+            def get_queryset(self) -> models.QuerySet[FilteringTask]:
+                return VersionedQuerySet(self.model, using=self._db).filter(version__gt=0)
+
+        class FilteringTask(VersionedModel):
+            target = models.ForeignKey(Target, null=True, on_delete=models.SET_NULL)
+            objects = Filtering()  # type: ignore[assignment]
+
+            class Meta:
+                app_label = "testapp"
+
+        class NamedBaseTask(FilteringTask):
+            rows = VersionedQuerySet.as_manager()
+            objects = Filtering()
+
+            class Meta:
+                app_label = "testapp"
+                base_manager_name = "rows"
+
+        class SetDefaultTask(VersionedModel):
+            target = models.ForeignKey(Target, null=True, on_delete=models.SET_DEFAULT)
+            other = models.ForeignKey(
+                Target, null=True, on_delete=models.SET(lambda: None), related_name="+"
+            )
+
+            class Meta:
+                app_label = "testapp"
+
+        assert isolated is not None
+        isolated.clear_cache()
+        assert OwnMetaTask._base_manager is OwnMetaTask._default_manager
+        assert NamedBaseTask._base_manager.name == "rows"
+        assert not isinstance(FilteringTask._base_manager.get_queryset(), VersionedQuerySet)
+        errors = check_versioned_managers(app_configs=[isolated.get_app_config("testapp")])
+    assert [(e.id, e.obj.model.__name__, e.obj.name) for e in errors] == [
+        ("locks.E006", "FilteringTask", "target"),
+        ("locks.E007", "SetDefaultTask", "target"),
+        ("locks.E007", "SetDefaultTask", "other"),
+    ]
+    assert "through the base manager (_base_manager)" in errors[0].msg
+    assert "base_manager_name" in str(errors[0].hint)
+    assert "on_delete=SET_DEFAULT" in errors[1].msg and "SET_NULL" in str(errors[1].hint)
+    assert "on_delete=SET(...)" in errors[2].msg
 
 
 def test_two_processes_saving_the_same_row_lose_no_update(start: Callable[..., Remote]) -> None:
