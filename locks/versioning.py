@@ -70,6 +70,20 @@ class VersionField(models.PositiveBigIntegerField):  # type: ignore[type-arg]
         return super().formfield(**kwargs)
 
 
+def _rolled_back(unsettled: list[_Bump]) -> int:
+    """How many of the last saves listed were rolled back: neither run nor pending.
+
+    Rollbacks drop the latest saves first (a savepoint's, then its transaction's), so
+    they are the last ones listed. (A callback not yet run while the commit runs the
+    ones before it looks the same; a save made from one of those then fails with
+    ConcurrentUpdate, the safe way round.)
+    """
+    count = 0
+    while count < len(unsettled) and not unsettled[-1 - count].pending():
+        count += 1
+    return count
+
+
 class VersionedQuerySet(models.QuerySet[_V]):
     """Queries over a :class:`VersionedModel`: ``update()`` increments the version too.
 
@@ -216,19 +230,19 @@ class VersionedModel(RawSaveAware):
             self.__dict__.pop(_UNSETTLED, None)
 
     def __getstate__(self) -> dict[str, Any]:
-        # A pickled (or copy.copy'd) copy keeps the version as it stands now, without the
-        # transaction callbacks, which belong to this copy and this process.
-        self._locks_settle()
+        # A pickled (or copy.copy'd) copy gets the version as it stands now, without the
+        # transaction callbacks, which belong to this copy and this process. This copy
+        # is left as it is: it may be pickled from another thread than its transaction's.
         state = super().__getstate__()
-        state.pop(_UNSETTLED, None)
+        unsettled: list[_Bump] | None = state.pop(_UNSETTLED, None)
+        if unsettled and state.get(VERSION) == unsettled[-1].bumped:
+            rolled_back = _rolled_back(unsettled)
+            if rolled_back:
+                state[VERSION] = unsettled[-rolled_back].base
         return state
 
     def _locks_settle(self) -> None:
-        """Set ``version`` back past this copy's saves whose transaction was rolled back.
-
-        Rollbacks drop the latest saves first (a savepoint's, then its transaction's), so
-        the saves to take back are the last ones listed that are no longer pending.
-        """
+        """Set ``version`` back past this copy's saves whose transaction was rolled back."""
         unsettled: list[_Bump] | None = self.__dict__.get(_UNSETTLED)
         if not unsettled:
             return
@@ -237,11 +251,10 @@ class VersionedModel(RawSaveAware):
             # that is the version this copy claims to be based on now.
             del self.__dict__[_UNSETTLED]
             return
-        # Not pending and still listed: dropped by a rollback. (A callback not yet run
-        # while the commit's other callbacks run looks the same; a save made from one of
-        # those then fails with ConcurrentUpdate, the safe way round.)
-        while unsettled and not unsettled[-1].pending():
-            self.version = unsettled.pop().base
+        rolled_back = _rolled_back(unsettled)
+        if rolled_back:
+            self.version = unsettled[-rolled_back].base
+            del unsettled[-rolled_back:]
         if not unsettled:
             del self.__dict__[_UNSETTLED]
 

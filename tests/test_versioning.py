@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -132,6 +134,16 @@ def test_a_save_rolled_back_with_its_savepoint_is_taken_back_and_the_earlier_one
         note.save()  # based on version 2, as the row is
         assert note.version == 3
     assert stored(note.pk) == ("t", "kept, then more", 3)
+
+
+def test_a_pickled_or_copied_copy_has_the_version_of_the_saves_that_stand() -> None:
+    note = VersionedNote.objects.create(title="t")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        note.save()
+        assert pickle.loads(pickle.dumps(note)).version == 2  # the save stands so far
+        raise RuntimeError("a later step failed")
+    assert pickle.loads(pickle.dumps(note)).version == 1
+    assert copy.copy(note).version == 1
 
 
 def test_a_versioned_save_is_one_conditional_update() -> None:
