@@ -155,9 +155,12 @@ def _versioned_on_delete(model: Any, versioned: type[Any]) -> list[CheckMessage]
     """locks.E006, E007 for the foreign keys of ``model`` that deleting their target updates."""
     from django.db.models import SET_DEFAULT, SET_NULL
 
+    from .versioning import VersionedModel
+
     errors: list[CheckMessage] = []
-    # Local fields: a parent's foreign keys are updated through the parent's managers.
-    for field in model._meta.local_fields:
+    if model._meta.proxy:
+        return errors  # its fields and rows are its concrete model's, checked there
+    for field in model._meta.fields:
         on_delete = getattr(field.remote_field, "on_delete", None)
         deconstruct = getattr(on_delete, "deconstruct", None)
         is_set = deconstruct is not None and deconstruct()[0] == "django.db.models.SET"
@@ -165,6 +168,24 @@ def _versioned_on_delete(model: Any, versioned: type[Any]) -> list[CheckMessage]
             continue
         handler = "SET(...)" if is_set else getattr(on_delete, "__name__", "")
         target = field.remote_field.model._meta.label
+        owner = field.model
+        if owner._meta.concrete_model is not model._meta.concrete_model:
+            # A concrete parent's column, updated through the parent's managers: a
+            # versioned parent is checked on its own; any other leaves the version be.
+            if not issubclass(owner, VersionedModel):
+                errors.append(
+                    Error(
+                        f"{model._meta.label}.{field.name} has on_delete={handler}: "
+                        f"deleting a {target} updates that column on the table of "
+                        f"{owner._meta.label}, which is not versioned, without "
+                        f"incrementing {model._meta.label}'s version.",
+                        hint=f"Make {owner._meta.label} the VersionedModel, or use "
+                        "on_delete=CASCADE or PROTECT.",
+                        obj=field,
+                        id="locks.E007",
+                    )
+                )
+            continue
         # The lazy ones update through the base manager's update(); the others have the
         # rows loaded first and write them with a query of Django's own.
         if not getattr(on_delete, "lazy_sub_objs", False):

@@ -381,6 +381,20 @@ def test_the_base_manager_is_the_default_one_when_that_one_is_versioned_and_unfi
             class Meta:
                 app_label = "testapp"
 
+        class PlainParent(models.Model):  # noqa: DJ008
+            target = models.ForeignKey(
+                Target, null=True, on_delete=models.SET_NULL, related_name="+"
+            )
+
+            class Meta:
+                app_label = "testapp"
+
+        class InheritedTask(PlainParent, VersionedModel):  # noqa: DJ008
+            objects = VersionedQuerySet.as_manager()
+
+            class Meta:
+                app_label = "testapp"
+
         assert isolated is not None
         isolated.clear_cache()
         assert OwnMetaTask._base_manager is OwnMetaTask._default_manager
@@ -391,11 +405,13 @@ def test_the_base_manager_is_the_default_one_when_that_one_is_versioned_and_unfi
         ("locks.E006", "FilteringTask", "target"),
         ("locks.E007", "SetDefaultTask", "target"),
         ("locks.E007", "SetDefaultTask", "other"),
+        ("locks.E007", "PlainParent", "target"),
     ]
     assert "through the base manager (_base_manager)" in errors[0].msg
     assert "base_manager_name" in str(errors[0].hint)
     assert "on_delete=SET_DEFAULT" in errors[1].msg and "SET_NULL" in str(errors[1].hint)
     assert "on_delete=SET(...)" in errors[2].msg
+    assert "InheritedTask.target" in errors[3].msg and "not versioned" in errors[3].msg
 
 
 def test_two_processes_saving_the_same_row_lose_no_update(start: Callable[..., Remote]) -> None:
