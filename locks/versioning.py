@@ -45,7 +45,9 @@ class _Bump:
 
     def pending(self) -> bool:
         """Whether the save's transaction (and savepoint) is still open, neither ended."""
-        return any(entry[1] is self for entry in connections[self.using].run_on_commit)
+        # From the end: a copy saved again is most often saved again soon after.
+        callbacks = connections[self.using].run_on_commit
+        return any(entry[1] is self for entry in reversed(callbacks))
 
 
 class VersionField(models.PositiveBigIntegerField):  # type: ignore[type-arg]
