@@ -71,9 +71,16 @@ class _Wait:
 
     def busy(self, what: str, alias: str, backend: Backend) -> LockBusy:
         scope = "" if backend.has_row_locks else " (SQLite: a row lock is the database write lock)"
-        waited = " (nowait)" if self.nowait else f"; gave up after {self.timeout:g} s"
-        if not self.nowait and self.timeout is None:
+        if self.nowait:
+            waited = " (nowait)"
+        elif self.skip_locked:
+            waited = " (skip_locked)"
+        elif self.timeout is None:
+            # No bound of ours: the wait was ended by the server's own setting
+            # (lock_timeout, innodb_lock_wait_timeout, the SQLite busy timeout).
             waited = "; the server's lock wait limit ran out"
+        else:
+            waited = f"; gave up after {self.timeout:g} s"
         return LockBusy(
             f"{what} on database {alias!r} is held by another transaction{scope}{waited}"
         )

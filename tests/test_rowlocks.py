@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,54 @@ def test_timeout_raises_lock_busy_after_about_the_timeout(start: Callable[..., R
         pytest.fail("the block must not run")
     elapsed = time.monotonic() - started
     assert 0.45 <= elapsed < PROMPTLY
+
+
+@contextmanager
+def a_short_server_lock_wait_limit() -> Iterator[None]:
+    """Shorten the server's own limit on lock waits (no timeout of ours) in the block."""
+    if connection.vendor == "postgresql":
+        # SET LOCAL: this transaction's only, so it is also right behind PgBouncer (and the
+        # row locks in the block are savepoints in it).
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '300ms'")
+            yield
+        return
+    setting = {
+        "mysql": "SET SESSION innodb_lock_wait_timeout = 1",
+        "sqlite": "PRAGMA busy_timeout = 300",
+    }[connection.vendor]
+    with connection.cursor() as cursor:
+        cursor.execute(setting)
+    try:
+        yield
+    finally:
+        connection.close()  # the setting goes with the session
+
+
+def test_a_wait_cut_short_by_the_servers_own_limit_is_lock_busy(
+    start: Callable[..., Remote],
+) -> None:
+    holding(start, "orders:18")
+    with (
+        a_short_server_lock_wait_limit(),
+        pytest.raises(locks.LockBusy, match=r"'orders:18'.*the server's lock wait limit ran out"),
+        locks.row_lock("orders:18"),
+    ):
+        pytest.fail("the block must not run")
+
+
+@NEEDS_ROW_LOCKS
+def test_a_lock_rows_wait_cut_short_by_the_servers_own_limit_is_lock_busy(
+    start: Callable[..., Remote],
+) -> None:
+    item = Item.objects.create(name="held")
+    start().call("hold_rows", pks=[item.pk])
+    limit = r"Item rows.*the server's lock wait limit ran out"
+    with a_short_server_lock_wait_limit(), transaction.atomic():
+        with pytest.raises(locks.LockBusy, match=limit):
+            locks.lock_rows(Item.objects.filter(pk=item.pk))
+        transaction.set_rollback(True)  # documented: PostgreSQL aborted the transaction
 
 
 @pytest.mark.parametrize(
