@@ -6,6 +6,7 @@ import itertools
 import logging
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ContextDecorator, ExitStack
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("locks")
 _R = TypeVar("_R")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 # Reading the row again after creating it is enough unless the transaction's snapshot
 # predates the row (REPEATABLE READ / SERIALIZABLE on PostgreSQL).
@@ -225,6 +227,19 @@ class RowLockContext(ContextDecorator):
         # Used as a decorator, each call gets its own transaction.
         return RowLockContext(self.name, self._wait, self.using)
 
+    def __call__(self, func: _F) -> _F:
+        """Decorate ``func``: each call runs holding the row lock, in its own transaction."""
+        if self._wait.skip_locked:
+            # A skipped lock is told to the block by ``None``; a decorated function never
+            # sees it, and would run without the lock while another transaction holds it.
+            raise TypeError(
+                f"@locks.row_lock({self.name!r}, skip_locked=True) on "
+                f"{getattr(func, '__qualname__', func)!r}: the function would also run when "
+                "the lock is skipped, without it. Use `with locks.row_lock(..., "
+                "skip_locked=True) as row:` and return when row is None"
+            )
+        return super().__call__(func)
+
     def __enter__(self) -> RowLock | None:
         from .models import RowLock
 
@@ -269,9 +284,10 @@ def row_lock(
     ``nowait=True`` raises ``LockBusy`` at once if another transaction holds it;
     ``timeout=s`` waits at most ``s`` seconds, then raises ``LockBusy``; ``skip_locked=True``
     does not wait either but runs the block with ``None`` (and no transaction of its own),
-    as ``select_for_update(skip_locked=True)`` returns no rows. Without these, it waits as
-    long as the server allows. On SQLite, which has no row locks, the lock is the whole
-    database's write lock. Arguments are checked here, before any query.
+    as ``select_for_update(skip_locked=True)`` returns no rows (so, as a decorator, which
+    would run the function either way, ``skip_locked=True`` is a ``TypeError``). Without
+    these, it waits as long as the server allows. On SQLite, which has no row locks, the
+    lock is the whole database's write lock. Arguments are checked here, before any query.
 
     Example::
 

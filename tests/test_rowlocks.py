@@ -141,6 +141,25 @@ def test_row_lock_works_as_a_decorator() -> None:
     assert not in_transaction()
 
 
+def test_row_lock_with_skip_locked_refuses_to_decorate_before_any_query() -> None:
+    # The decorated function could not tell a skipped lock from a held one (the block's
+    # None), so it would run without the lock.
+    guard = locks.row_lock("reports:nightly", skip_locked=True)
+    with (
+        CaptureQueriesContext(connection) as queries,
+        pytest.raises(TypeError, match=r"skip_locked=True\) on '\S*build_report'.*row is None"),
+    ):
+
+        @guard
+        def build_report() -> None:
+            pytest.fail("never decorated, never run")
+
+    assert len(queries) == 0
+    assert not in_transaction()
+    with guard as row:  # in a with block it is fine
+        assert row is not None
+
+
 def test_taking_an_existing_row_lock_is_one_statement(
     own_queries: Callable[[], CaptureQueriesContext],
 ) -> None:
