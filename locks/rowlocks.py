@@ -320,9 +320,10 @@ def lock_rows(
     :func:`row_lock`; ``skip_locked`` leaves out the rows other transactions hold. With
     ``nowait`` or ``timeout``, a ``LockBusy`` leaves the transaction usable (the attempt
     runs in a savepoint); without them, a wait cut short by the server's own limit ends
-    as any failed statement does (on PostgreSQL the transaction is aborted). ``of`` and
-    ``no_key`` given to the queryset's ``select_for_update()`` are kept. On SQLite the
-    database's write lock stands in for the row locks.
+    as any failed statement does (on PostgreSQL the transaction is aborted). ``nowait``,
+    ``skip_locked``, ``of`` and ``no_key`` given to the queryset's ``select_for_update()``
+    are kept (``nowait`` and ``skip_locked`` as if given here: a combination refused here
+    is refused then too). On SQLite the database's write lock stands in for the row locks.
 
     Example::
 
@@ -335,8 +336,17 @@ def lock_rows(
         raise TypeError(f"lock_rows() needs a QuerySet, not {type(queryset).__name__}")
     what = f"row locks on {queryset.model._meta.label} rows"
     wait = _Wait.build(what, nowait, skip_locked, timeout)
-    # of= and no_key= set on the queryset beforehand are kept (select_for_update resets them).
+    # What the queryset's own select_for_update() asked for is kept (select_for_update
+    # resets it): nowait= and skip_locked= count as if given here, so that a wait asked
+    # not to happen never does, and of= and no_key= are passed on.
     query = queryset.query
+    if query.select_for_update_nowait or query.select_for_update_skip_locked:
+        wait = _Wait.build(
+            f"{what} (with the queryset's select_for_update() flags)",
+            nowait or query.select_for_update_nowait,
+            skip_locked or query.select_for_update_skip_locked,
+            timeout,
+        )
     locking = queryset.select_for_update(
         nowait=wait.nowait,
         skip_locked=wait.skip_locked,

@@ -93,8 +93,29 @@ def test_row_lock_error_messages_name_the_lock() -> None:
         (lambda: locks.lock_rows(Item.objects.all(), nowait=True, skip_locked=True), ValueError),
         (lambda: locks.lock_rows(Item.objects.all(), timeout=-1), ValueError),
         (lambda: locks.lock_rows(Item.objects.all()), TransactionManagementError),
+        # The queryset's own select_for_update() flags count as if given to lock_rows().
+        (
+            lambda: locks.lock_rows(Item.objects.select_for_update(nowait=True), skip_locked=True),
+            ValueError,
+        ),
+        (
+            lambda: locks.lock_rows(Item.objects.select_for_update(skip_locked=True), timeout=1),
+            ValueError,
+        ),
+        (
+            lambda: locks.lock_rows(Item.objects.select_for_update(nowait=True), timeout=0),
+            ValueError,
+        ),
     ],
-    ids=["not-a-queryset", "nowait-and-skip-locked", "negative-timeout", "outside-atomic"],
+    ids=[
+        "not-a-queryset",
+        "nowait-and-skip-locked",
+        "negative-timeout",
+        "outside-atomic",
+        "querysets-nowait-and-skip-locked",
+        "querysets-skip-locked-and-timeout",
+        "querysets-nowait-and-timeout-0",
+    ],
 )
 def test_lock_rows_refuses_bad_arguments_before_any_query(
     call: Callable[[], Any], error: type[Exception]
@@ -459,6 +480,25 @@ def test_sqlite_row_locks_in_deferred_transactions_wait_for_the_write_lock_too(
         pass
 
 
+@pytest.mark.skipif(
+    BACKEND.has_row_locks, reason="transaction modes (deferred, immediate) are SQLite's"
+)
+def test_sqlite_lock_rows_keeps_the_querysets_nowait_and_skip_locked(
+    start: Callable[..., Remote],
+) -> None:
+    # In a deferred transaction, lock_rows() is what takes the write lock, and so where the
+    # queryset's select_for_update() flags matter.
+    item = Item.objects.create(name="x")
+    holder = holding(start, "a")
+    holder.send("commit", delay=5.0)  # had they waited, they would have got it then
+    deferred = start(LOCKS_TEST_SQLITE_DEFERRED="1")
+    busy = deferred.call("hold_rows", pks=[item.pk], nowait=True, on_queryset=True)
+    assert not busy["ok"] and busy["error"] == "LockBusy", busy
+    skipped = deferred.call("hold_rows", pks=[item.pk], skip_locked=True, on_queryset=True)
+    assert skipped["ok"] and skipped["pks"] == [], skipped
+    assert holder.reply()["ok"]
+
+
 # --- lock_rows -------------------------------------------------------------------------------
 
 
@@ -522,6 +562,26 @@ def test_lock_rows_nowait_timeout_and_skip_locked_against_another_process(
         got_at = time.time()
     assert holder.reply()["committing_at"] <= got_at
     assert Item.objects.get(pk=free.pk).value == 1
+
+
+@NEEDS_ROW_LOCKS
+def test_lock_rows_keeps_the_querysets_nowait_and_skip_locked(
+    start: Callable[..., Remote],
+) -> None:
+    held, free = Item.objects.bulk_create([Item(name="held"), Item(name="free")])
+    holder = start()
+    assert holder.call("hold_rows", pks=[held.pk])["pks"] == [held.pk]
+    # Had they waited, they would have got the held row once this commits.
+    holder.send("commit", delay=5.0)
+    both = Item.objects.filter(pk__in=[held.pk, free.pk]).order_by("pk")
+    with transaction.atomic():
+        skipping = both.select_for_update(skip_locked=True)
+        assert [row.pk for row in locks.lock_rows(skipping)] == [free.pk]
+        with pytest.raises(locks.LockBusy, match=r"Item rows.*\(nowait\)"):
+            locks.lock_rows(both.select_for_update(nowait=True))
+        # The nowait attempt ran in a savepoint: the transaction and its locks carry on.
+        assert Item.objects.filter(pk=free.pk).update(value=1) == 1
+    assert holder.reply()["ok"]
 
 
 def test_lock_rows_keeps_other_processes_out_until_the_transaction_ends(

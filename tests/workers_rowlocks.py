@@ -81,19 +81,29 @@ class Session:
             return {"locked": row is not None}
 
     def hold_rows(
-        self, pks: list[int], nowait: bool = False, skip_locked: bool = False
+        self,
+        pks: list[int],
+        nowait: bool = False,
+        skip_locked: bool = False,
+        on_queryset: bool = False,
     ) -> dict[str, Any]:
-        """Open a transaction, lock these Item rows and keep it open until ``commit``."""
+        """Open a transaction, lock these Item rows and keep it open until ``commit``.
+
+        ``on_queryset``: ``nowait`` and ``skip_locked`` go to the queryset's own
+        ``select_for_update()`` instead of to ``lock_rows()``."""
         from django.db import transaction
 
         import locks
         from tests.app.models import Item
 
         self.held.enter_context(transaction.atomic())
-        rows = locks.lock_rows(
-            Item.objects.filter(pk__in=pks).order_by("pk"), nowait=nowait, skip_locked=skip_locked
-        )
-        return {"pks": [row.pk for row in rows]}
+        rows = Item.objects.filter(pk__in=pks).order_by("pk")
+        if on_queryset:
+            rows = rows.select_for_update(nowait=nowait, skip_locked=skip_locked)
+            locked = locks.lock_rows(rows)
+        else:
+            locked = locks.lock_rows(rows, nowait=nowait, skip_locked=skip_locked)
+        return {"pks": [row.pk for row in locked]}
 
     def options(self) -> dict[str, Any]:
         """The database OPTIONS this worker runs with."""
