@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ContextDecorator, ExitStack
@@ -226,10 +227,18 @@ class RowLockContext(ContextDecorator):
         self.name = name
         self.using = using
         self._wait = wait
-        self._atomic: transaction.Atomic | None = None
+        # The transaction of the block each thread is in. One object may be shared (a
+        # module-level guard) and entered by several threads at once, each holding the
+        # lock in its own connection's transaction, and each must end its own.
+        self._entered = threading.local()
+
+    def _held(self) -> transaction.Atomic | None:
+        """The transaction (or savepoint) holding the lock for this thread's block, if any."""
+        atomic: transaction.Atomic | None = getattr(self._entered, "atomic", None)
+        return atomic
 
     def _recreate_cm(self) -> RowLockContext:
-        # Used as a decorator, each call gets its own transaction.
+        # Used as a decorator, each call (in any thread) gets its own transaction.
         return RowLockContext(self.name, self._wait, self.using)
 
     def __call__(self, func: _F) -> _F:
@@ -248,10 +257,10 @@ class RowLockContext(ContextDecorator):
     def __enter__(self) -> RowLock | None:
         from .models import RowLock
 
-        if self._atomic is not None:
+        if self._held() is not None:
             raise LockError(f"row lock {self.name!r} is already held by this context manager")
-        self._atomic = _take(self.name, self._wait, self.using)
-        if self._atomic is None:
+        self._entered.atomic = _take(self.name, self._wait, self.using)
+        if self._entered.atomic is None:
             logger.debug("row lock %r is held elsewhere: skipped", self.name)
             return None
         logger.debug("took row lock %r on database %r", self.name, self.using)
@@ -263,7 +272,7 @@ class RowLockContext(ContextDecorator):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        atomic, self._atomic = self._atomic, None
+        atomic, self._entered.atomic = self._held(), None
         if atomic is not None:
             atomic.__exit__(exc_type, exc, tb)
             logger.debug("released row lock %r", self.name)

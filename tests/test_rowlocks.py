@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -160,6 +162,57 @@ def test_row_lock_works_as_a_decorator() -> None:
 
     assert decorated() and decorated()
     assert not in_transaction()
+
+
+@pytest.mark.parametrize("use", ["with", "decorated"])
+def test_one_row_lock_object_shared_by_threads_holds_the_lock_in_each_in_turn(use: str) -> None:
+    # A module-level guard, or a decorated function, used by several threads at once:
+    # each thread takes the lock in its own transaction and ends its own.
+    guard = locks.row_lock("shared:guard", timeout=PROMPTLY)
+    first_in, let_go = threading.Event(), threading.Event()
+    spans: dict[str, tuple[float, float]] = {}
+
+    def critical(who: str) -> None:
+        began = time.monotonic()
+        assert in_transaction()
+        if who == "first":
+            first_in.set()
+            assert let_go.wait(PROMPTLY)
+        spans[who] = (began, time.monotonic())
+
+    def run(who: str) -> None:
+        try:
+            if use == "with":
+                with guard:
+                    critical(who)
+            else:
+                guard(critical)(who)
+        finally:
+            first_in.set()  # never leave the test waiting for a first that failed
+            connections.close_all()  # this thread's connections, as Django would
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(run, "first")
+        assert first_in.wait(PROMPTLY)
+        second = pool.submit(run, "second")
+        time.sleep(0.5)  # the second waits for the lock meanwhile
+        let_go.set()
+        first.result(timeout=PROMPTLY)
+        second.result(timeout=PROMPTLY)
+    assert spans["second"][0] >= spans["first"][1], spans
+    assert spans["second"][0] - spans["first"][0] >= 0.5, "it must have waited for the first"
+    with guard as row:  # and the object is free for the next block
+        assert row is not None
+
+
+def test_one_row_lock_object_entered_again_in_its_own_block_is_refused() -> None:
+    guard = locks.row_lock("orders:20")
+    with guard:
+        with pytest.raises(locks.LockError, match="already held by this context manager"), guard:
+            pytest.fail("the inner block must not run")
+        assert in_transaction()  # the outer block still holds the lock
+    with guard as row:
+        assert row is not None
 
 
 def test_row_lock_with_skip_locked_refuses_to_decorate_before_any_query() -> None:
