@@ -15,7 +15,9 @@ from .conf import DEFAULTS, VALID, conf
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """locks.E001/E002/E004/E005, locks.W001: the ``LOCKS`` setting and what it points at."""
     errors: list[CheckMessage] = []
-    user = getattr(settings, "LOCKS", {})
+    user = getattr(settings, "LOCKS", None)
+    if user is None:
+        user = {}  # as the app reads it: LOCKS = None is LOCKS unset
     if not isinstance(user, dict):
         return [Error("LOCKS must be a dict.", hint=f"Got {user!r}.", id="locks.E001")]
     # Keys need not be strings (LOCKS = {1: 2}): name each as written, sort the names.
@@ -252,7 +254,13 @@ def check_database(
                     id="locks.W003",
                 )
             )
-    if connection.vendor == "sqlite" and cast(Any, connection).is_in_memory_db():
+    if (
+        connection.vendor == "sqlite"
+        and cast(Any, connection).is_in_memory_db()
+        # Django's own in-memory test database (manage.py test of a project on a SQLite
+        # file runs the checks on it), not the project's configuration.
+        and connection.settings_dict["NAME"] != cast(Any, connection.creation)._get_test_db_name()
+    ):
         errors.append(
             Warning(
                 f"Database {alias!r} is an in-memory SQLite database: locks held there are "

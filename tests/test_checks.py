@@ -279,6 +279,26 @@ def test_w002_in_memory_sqlite_is_warned(memory_alias: str) -> None:
         assert ids(checks.check_database(databases=[memory_alias])) == ["locks.W002"]
 
 
+@pytest.mark.django_db
+def test_w002_is_not_given_for_djangos_own_in_memory_test_database(memory_alias: str) -> None:
+    # What manage.py test of a project on a SQLite file runs its checks on.
+    connection: Any = connections[memory_alias]
+    connection.settings_dict["TEST"] = {**connection.settings_dict["TEST"], "NAME": None}
+    connection.settings_dict["NAME"] = connection.creation._get_test_db_name()
+    assert connection.is_in_memory_db()
+    with override_settings(LOCKS={"DATABASE": memory_alias}):
+        assert ids(checks.check_database(databases=[memory_alias])) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_locks_none_is_locks_unset_for_the_checks_as_for_the_app() -> None:
+    with override_settings(LOCKS=None):
+        assert ids(checks.check_settings()) == []
+        lease = locks.acquire("orders:1", ttl=30)
+        assert lease.using == "default"
+        lease.release()
+
+
 @pytest.fixture
 def lazy_innodb_flush(backend: str) -> Iterator[None]:
     if backend != "mariadb":
