@@ -72,17 +72,12 @@ class _Wait:
         """The bound for a database whose one write lock stands in for row locks."""
         return 0.0 if self.immediate else self.timeout
 
-    def busy(self, what: str, alias: str, backend: Backend, exc: BaseException) -> LockBusy:
-        """The ``LockBusy`` for a wait that ``exc`` (lock-busy by ``backend``) ended."""
+    def busy(self, what: str, alias: str, backend: Backend) -> LockBusy:
         scope = "" if backend.has_row_locks else " (SQLite: a row lock is the database write lock)"
-        limit = backend.statement_limit(exc, bounded=self.timeout is not None)
         if self.nowait:
             waited = " (nowait)"
         elif self.skip_locked:
             waited = " (skip_locked)"
-        elif limit is not None:
-            # A DBA's limit on every statement (or a cancel request), not on lock waits.
-            waited = f"; the server's statement time limit ({limit}) ended the wait"
         elif self.timeout is None:
             # No bound of ours: the wait was ended by the server's own setting
             # (lock_timeout, innodb_lock_wait_timeout, the SQLite busy timeout).
@@ -201,7 +196,7 @@ def _take(name: str, wait: _Wait, alias: str) -> transaction.Atomic | None:
             return take(connection, backend, alias, name, wait)
         except DatabaseError as exc:
             if backend.is_lock_busy(exc):
-                raise requested.busy(f"row lock {name!r}", alias, backend, exc) from exc
+                raise requested.busy(f"row lock {name!r}", alias, backend) from exc
             if backend.is_deadlock(exc) and attempt < retries:
                 # Sessions creating the same new row at once can deadlock on MariaDB.
                 logger.debug("row lock %r: deadlock, retrying: %s", name, exc)
@@ -388,7 +383,7 @@ def lock_rows(
             return list(locking)
     except DatabaseError as exc:
         if backend.is_lock_busy(exc):
-            raise wait.busy(what, alias, backend, exc) from exc
+            raise wait.busy(what, alias, backend) from exc
         raise
     raise AssertionError("unreachable")  # pragma: no cover
 

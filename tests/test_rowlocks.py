@@ -327,67 +327,6 @@ def test_a_lock_rows_wait_cut_short_by_the_servers_own_limit_is_lock_busy(
         transaction.set_rollback(True)  # documented: PostgreSQL aborted the transaction
 
 
-# The server's time limit on every statement, as a DBA may set it for a database or role.
-STATEMENT_LIMIT = {"postgresql": "statement_timeout", "mysql": "max_statement_time"}
-NEEDS_STATEMENT_LIMIT = pytest.mark.skipif(
-    not BACKEND.has_row_locks, reason="SQLite has no time limit on statements"
-)
-
-
-@contextmanager
-def a_short_statement_time_limit() -> Iterator[None]:
-    """Make the server cancel any statement of Django's connection after 0.5 s in the block."""
-    if connection.vendor == "postgresql":
-        with transaction.atomic():  # SET LOCAL: right behind PgBouncer too
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL statement_timeout = '500ms'")
-            yield
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SET SESSION max_statement_time = 0.5")
-    try:
-        yield
-    finally:
-        connection.close()  # the setting goes with the session
-
-
-@NEEDS_STATEMENT_LIMIT
-@pytest.mark.django_db(transaction=True, databases=["default", "impatient"])
-@pytest.mark.parametrize("timeout", [None, 2], ids=["no timeout", "a longer timeout"])
-def test_a_wait_ended_by_the_servers_statement_time_limit_is_lock_busy(
-    start: Callable[..., Remote], timeout: float | None
-) -> None:
-    impatient = connections["impatient"].settings_dict["OPTIONS"]
-    if impatient == connections["default"].settings_dict["OPTIONS"]:
-        pytest.skip("through PgBouncer, 'impatient' has no statement time limit of its own")
-    holding(start, "orders:19")
-    # "impatient" sessions cancel statements after 0.5 s (tests/settings.py). A timeout of
-    # ours is a statement limit too on MariaDB, which overrides the session's.
-    ended = f"statement time limit \\({STATEMENT_LIMIT[connection.vendor]}\\) ended the wait"
-    if timeout is not None and connection.vendor == "mysql":
-        ended = "gave up after 2 s"
-    started = time.monotonic()
-    with (
-        pytest.raises(locks.LockBusy, match=f"'orders:19'.*{ended}"),
-        locks.row_lock("orders:19", timeout=timeout, using="impatient"),
-    ):
-        pytest.fail("the block must not run")
-    assert time.monotonic() - started < PROMPTLY
-
-
-@NEEDS_STATEMENT_LIMIT
-def test_a_lock_rows_wait_ended_by_the_servers_statement_time_limit_is_lock_busy(
-    start: Callable[..., Remote],
-) -> None:
-    item = Item.objects.create(name="held")
-    start().call("hold_rows", pks=[item.pk])
-    ended = f"Item rows.*statement time limit \\({STATEMENT_LIMIT[connection.vendor]}\\)"
-    with a_short_statement_time_limit(), transaction.atomic():
-        with pytest.raises(locks.LockBusy, match=ended):
-            locks.lock_rows(Item.objects.filter(pk=item.pk))
-        transaction.set_rollback(True)  # documented: PostgreSQL aborted the transaction
-
-
 @pytest.mark.parametrize(
     "timeout",
     # 30 days: more milliseconds than PostgreSQL's lock_timeout and SQLite's busy_timeout

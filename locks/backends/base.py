@@ -331,18 +331,8 @@ class Backend:
         return nullcontext()
 
     def is_lock_busy(self, exc: BaseException) -> bool:
-        """Whether ``exc`` says a lock wait gave up: NOWAIT, a lock timeout, a busy database,
-        or the server's statement time limit (see :meth:`statement_limit`)."""
+        """Whether ``exc`` says a lock wait gave up: NOWAIT, a lock timeout, a busy database."""
         return False
-
-    def statement_limit(self, exc: BaseException, *, bounded: bool) -> str | None:
-        """The server setting whose statement time limit ended a lock wait with ``exc``.
-
-        ``None`` if another limit (or none) ended it, or if ``bounded`` (the wait ran under
-        :meth:`bounded_wait` with a timeout) and that limit is the one :meth:`bounded_wait`
-        set for it.
-        """
-        return None
 
     def is_deadlock(self, exc: BaseException) -> bool:
         """Whether ``exc`` is a deadlock, which rolled back the whole transaction."""

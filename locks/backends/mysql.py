@@ -80,8 +80,7 @@ INSERT_ROW_LOCK = "INSERT IGNORE INTO locks_rowlock (name) VALUES (%s) RETURNING
 # INSERT IGNORE waits for a conflicting row's lock; 0 makes that wait fail at once (1205).
 NO_LOCK_WAIT = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR "
 # Lock wait timeout (also what NOWAIT raises on MariaDB), max_statement_time, MySQL's NOWAIT.
-STATEMENT_TIME_LIMIT = 1969  # max_statement_time ran out
-LOCK_BUSY_CODES = frozenset({1205, STATEMENT_TIME_LIMIT, 3572})
+LOCK_BUSY_CODES = frozenset({1205, 1969, 3572})
 DEADLOCK = 1213
 
 
@@ -191,13 +190,6 @@ class MySQLBackend(Backend):
     def is_lock_busy(self, exc: BaseException) -> bool:
         args: tuple[Any, ...] = exc.args
         return bool(args) and args[0] in LOCK_BUSY_CODES
-
-    def statement_limit(self, exc: BaseException, *, bounded: bool) -> str | None:
-        # A bounded wait's own deadline is a max_statement_time (SET STATEMENT ... FOR),
-        # which overrides the session's: then the limit that ran out is the caller's.
-        args: tuple[Any, ...] = exc.args
-        ran_out = bool(args) and args[0] == STATEMENT_TIME_LIMIT
-        return "max_statement_time" if ran_out and not bounded else None
 
     def is_deadlock(self, exc: BaseException) -> bool:
         args: tuple[Any, ...] = exc.args

@@ -188,7 +188,6 @@ FROM (SELECT current_setting('lock_timeout') AS old OFFSET 0) AS previous
 RESTORE_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
 LOCK_NOT_AVAILABLE = "55P03"  # NOWAIT, or lock_timeout ran out
 QUERY_CANCELED = "57014"  # statement_timeout ran out, or pg_cancel_backend()
-LOCK_BUSY_SQLSTATES = frozenset({LOCK_NOT_AVAILABLE, QUERY_CANCELED})
 DEADLOCK = "40P01"
 
 
@@ -241,13 +240,12 @@ class PostgreSQLBackend(Backend):
         try:
             cursor.execute(ENTER_QUEUE, [f"{wait_ms(timeout)}ms", name])
         except DatabaseError as exc:
+            if self.is_lock_busy(exc):
+                return False
             # A database's or role's statement_timeout shorter than the wait ends it the
             # same way as lock_timeout: not queued yet, and the caller looks at the lock.
-            # (Checked first: it is lock-busy too, yet may have come after the grant.)
             if getattr(exc.__cause__, "sqlstate", None) == QUERY_CANCELED:
                 cursor.execute(LEAVE_QUEUE_IF_ENTERED, [name, name])
-                return False
-            if self.is_lock_busy(exc):
                 return False
             raise
         return True
@@ -345,15 +343,7 @@ class PostgreSQLBackend(Backend):
         return nullcontext() if timeout is None else self._lock_timeout(connection, timeout)
 
     def is_lock_busy(self, exc: BaseException) -> bool:
-        # A statement_timeout (of the database, role or session) shorter than the wait
-        # cancels it as MariaDB's max_statement_time does. A cancel request
-        # (pg_cancel_backend) has the same SQLSTATE; it too ends the wait unlocked.
-        return getattr(exc.__cause__, "sqlstate", None) in LOCK_BUSY_SQLSTATES
-
-    def statement_limit(self, exc: BaseException, *, bounded: bool) -> str | None:
-        # bounded_wait sets lock_timeout, never statement_timeout: this one is the server's.
-        cancelled = getattr(exc.__cause__, "sqlstate", None) == QUERY_CANCELED
-        return "statement_timeout" if cancelled else None
+        return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
     def is_deadlock(self, exc: BaseException) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) == DEADLOCK
