@@ -21,7 +21,7 @@ from celery.signals import task_revoked
 from celery.utils import uuid
 from django.db import DatabaseError
 
-from . import keys, leases, validation
+from . import leases, validation
 from .conf import conf
 from .exceptions import DuplicateTask, LockBusy, LockError, LockLost
 
@@ -115,10 +115,8 @@ class SingletonTask(Task[..., Any]):
         lock_ttl: seconds (or timedelta) the lease lasts from enqueue and again from the
             start of the run; default ``LOCKS["TASK_LOCK_TTL"]`` (an hour).
         lock_key: ``None`` (task name + arguments), a format string over the task's
-            arguments by position and by name (``"invoice:{invoice_id}"``), whose values
-            are percent-encoded as in lock_view's keys (so ``"r:{a}:{b}"`` never makes one
-            key of different arguments), or a callable taking the task's arguments and
-            returning the key, used as it is.
+            arguments by position and by name (``"invoice:{invoice_id}"``), or a callable
+            taking the task's arguments and returning the key.
         on_duplicate: ``"return"`` (default) or ``"raise"``.
         lock_auto_renew: renew the lease while the run lasts (``lock_ttl`` then only
             needs to outlast the queue wait and a crash-recovery delay).
@@ -213,24 +211,15 @@ class SingletonTask(Task[..., Any]):
         return bound
 
     def _format_key(self, template: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """Fill the lock_key template as lock_view fills its key: each value encoded.
-
-        Filled in as they are, values that contain the template's separators would make
-        one key of different arguments ("r:{a}:{b}" with "x:y", "z" and with "x", "y:z"),
-        and the second run would be dropped as a duplicate of the first.
-        """
-        keys.check_key_template(template, what=f"task {self.name!r}: lock_key")
         bound = self._bind(args, kwargs)
         if bound is not None:
             args, kwargs = bound.args, {**bound.arguments, **bound.kwargs}
         try:
-            return keys.fill_template(template, args, kwargs)
+            return template.format(*args, **kwargs)
         except KeyError as exc:
             problem = f"refers to {exc}, which is not among the arguments {sorted(kwargs)}"
         except IndexError:
             problem = f"refers to a position beyond its {len(args)} positional arguments"
-        except AttributeError as exc:
-            problem = f"refers to an attribute an argument does not have: {exc}"
         raise ValueError(f"lock_key {template!r} of task {self.name!r} {problem}")
 
     # --- enqueue ----------------------------------------------------------------------

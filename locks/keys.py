@@ -1,10 +1,9 @@
-"""Lock names from key templates (views, tasks): encoded values, hashed when too long."""
+"""Lock names for views: fill a key template with encoded values, hash names that are too long."""
 
 from __future__ import annotations
 
 import hashlib
 import string
-from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -52,54 +51,37 @@ class _KeyFormatter(string.Formatter):
 _formatter = _KeyFormatter()
 
 
-def check_key_template(template: Any, what: str = "lock_view key") -> str:
+def check_key_template(template: Any) -> str:
     """Return ``template`` if it can make collision-free lock names, else raise.
 
     Raises ``TypeError``/``ValueError`` for a non-string, empty or NUL-containing
     template, broken braces, nested fields, or two fields not separated by a character
     other than a letter, digit or "%" (``"{a}{b}"`` would make "1"+"23" = "12"+"3").
-    ``what`` names the template in those errors (lock_view's key, a task's lock_key).
 
     Example::
 
         check_key_template("invoice:{pk}")
-        check_key_template("invoice:{invoice_id}", what="task 'billing.send': lock_key")
     """
     if not isinstance(template, str):
-        raise TypeError(f"{what} must be a str template or a callable, not {template!r}")
+        raise TypeError(f"lock_view key must be a str template or a callable, not {template!r}")
     if not template or "\x00" in template:
-        raise ValueError(f"{what} template must be non-empty text without NUL: {template!r}")
+        raise ValueError(f"lock_view key template must be non-empty text without NUL: {template!r}")
     try:
         template.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"{what} template is not valid Unicode text: {template!r}") from exc
+        raise ValueError(f"lock_view key template is not valid Unicode text: {template!r}") from exc
     previous: str | None = None
     for literal, field, spec, _conversion in _formatter.parse(template):
         if previous is not None and field is not None and ENCODED.issuperset(literal):
             raise ValueError(
-                f"{what} {template!r}: fields {{{previous}}} and {{{field or ''}}} "
+                f"lock_view key {template!r}: fields {{{previous}}} and {{{field or ''}}} "
                 "must be separated by a character such as ':' or '/', or different values "
                 "could make the same lock name"
             )
         if spec and "{" in spec:
-            raise ValueError(f"{what} {template!r}: nested fields are not supported")
+            raise ValueError(f"lock_view key {template!r}: nested fields are not supported")
         previous = field
     return template
-
-
-def fill_template(template: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-    """Fill a key template (checked with :func:`check_key_template`) with encoded values.
-
-    Each value is formatted (with its format spec), then encoded by :func:`encode_value`,
-    so a separator of the template never comes from a value. Raises what ``str.format``
-    raises for a field the arguments do not have (``KeyError``, ``IndexError``,
-    ``AttributeError``); the name is neither hashed nor checked.
-
-    Example::
-
-        fill_template("r:{a}:{b}", (), {"a": "x:y", "b": "z"})  # 'r:x%3Ay:z'
-    """
-    return _formatter.vformat(template, args, kwargs)
 
 
 def lock_key(template: str, *args: Any, **kwargs: Any) -> str:
@@ -116,7 +98,7 @@ def lock_key(template: str, *args: Any, **kwargs: Any) -> str:
     """
     check_key_template(template)
     try:
-        name = fill_template(template, args, kwargs)
+        name = _formatter.vformat(template, args, kwargs)
     except (KeyError, IndexError, AttributeError) as exc:
         raise ValueError(
             f"lock_view key {template!r} needs {exc}, which the view did not get "
