@@ -289,11 +289,15 @@ class AsyncLockContext(Entered, AbstractAsyncContextManager[Lease], AsyncContext
         # awaitable) or run a plain function's body on the event loop. Refused here, at
         # decoration time, as @locks.lock() refuses generator functions.
         target = (
-            func
+            func.__func__  # what it wraps: the decorated function is called as such
+            if isinstance(func, staticmethod)
+            else func
             if inspect.isroutine(func) or isinstance(func, functools.partial | type)
             else type(func).__call__  # an object with an async __call__
         )
-        if not iscoroutinefunction(target):
+        # Asked of the object first: some mark themselves (AsyncMock, asgiref's
+        # markcoroutinefunction) rather than their __call__.
+        if not iscoroutinefunction(func) and not iscoroutinefunction(target):
             name = getattr(func, "__qualname__", func)
             kind = (
                 "async generator"

@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+from unittest.mock import AsyncMock
 
 import pytest
 from django.db import connections
@@ -435,8 +436,14 @@ def test_alock_refuses_to_decorate_what_is_not_a_coroutine_function(
 
 @pytest.mark.parametrize(
     "func",
-    [_coroutine_function, functools.partial(_coroutine_function), _AsyncCallable()],
-    ids=["function", "partial", "async-callable"],
+    [
+        _coroutine_function,
+        functools.partial(_coroutine_function),
+        _AsyncCallable(),
+        staticmethod(_coroutine_function),
+        AsyncMock(return_value=None),
+    ],
+    ids=["function", "partial", "async-callable", "staticmethod", "async-mock"],
 )
 def test_alock_decorates_coroutine_functions_and_async_callables(
     func: Callable[[], Coroutine[Any, Any, None]],
