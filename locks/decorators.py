@@ -9,13 +9,13 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
-from django.db import connections
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase, StreamingHttpResponse
 from django.shortcuts import render
@@ -113,9 +113,20 @@ class ViewLock:
     # --- synchronous views -------------------------------------------------------------
 
     def run(
-        self, view: Callable[..., Any], request: HttpRequest, args: Any, kwargs: Any
+        self,
+        view: Callable[..., Any],
+        request: HttpRequest,
+        args: Any,
+        kwargs: Any,
+        *,
+        non_atomic: Iterable[str] | None = None,
     ) -> HttpResponseBase:
-        """Run a synchronous view under the lease, or answer busy."""
+        """Run a synchronous view under the lease, or answer busy.
+
+        With ``non_atomic`` (the aliases the view is exempt from ATOMIC_REQUESTS for), the
+        request's transactions, which Django was told to leave to this call, are opened
+        and committed here, inside the lease: the next holder sees this one's writes.
+        """
         _refuse_event_loop(view)
         name = self.name_for(request, args, kwargs)
         attempt = self._request(name, _thread_holder(), request, view)
@@ -126,10 +137,14 @@ class ViewLock:
         outer = _enter(request, lease)
         try:
             try:
-                response = view(request, *args, **kwargs)
-                if callable(getattr(response, "render", None)) and not response.is_rendered:
-                    # Rendered under the lease: a failing template must not leave it behind.
-                    response = response.render()
+                with _request_transactions(non_atomic) as opened:
+                    response = view(request, *args, **kwargs)
+                    if callable(getattr(response, "render", None)) and not response.is_rendered:
+                        # Rendered under the lease: a failing template must not leave it
+                        # behind.
+                        response = response.render()
+                    if opened:
+                        _refuse_commit_unless_held(lease)
             except BaseException:
                 # Released at once: the view's writes, if any, are rolled back, and the
                 # release runs on the app's own connection, apart from that transaction.
@@ -265,47 +280,61 @@ def _leave(request: HttpRequest, outer: Any) -> None:
         request.lock_lease = outer  # type: ignore[attr-defined]
 
 
-def _in_transaction(connection: BaseDatabaseWrapper) -> bool:
-    """Whether ``connection`` is inside an atomic block other than a test case's own."""
-    # ATOMIC_REQUESTS (or an atomic() around the view) commits only after the view has
-    # returned. A TestCase's blocks never commit: waiting for them would only keep a view
-    # called directly in a test holding its lease until its response is collected.
-    # _from_testcase is the mark Django itself reads for durable blocks.
-    return connection.in_atomic_block and any(
-        not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks
-    )
+class _AtomicHere(set[str]):
+    """A locked view's ``_non_atomic_requests``: Django leaves every transaction to it.
+
+    Django's handler wraps a view in ``atomic()`` for each alias with ATOMIC_REQUESTS
+    that is not in this set, outside the view, so its commit would come after the lease's
+    release and the next request could read the data as it was (a lost update). This set
+    says every alias is in it; its members are the aliases truly exempt
+    (``transaction.non_atomic_requests``, which adds to it, over the decorator or under
+    it), and the lock opens the others' blocks itself, inside the lease.
+    """
+
+    def __contains__(self, alias: object) -> bool:
+        return True
 
 
-def _release_later(lease: Lease, response: Any) -> bool:
-    """Whether the view's writes may still be uncommitted, so the release must wait."""
-    if not isinstance(response, HttpResponseBase) or not lease.held:
-        return False
-    if lease.count > 1:
-        return False  # a re-entry: the lock stays held by the holding it re-entered
+def _mark_atomic_here(view: Any) -> _AtomicHere:
+    marker = _AtomicHere(getattr(view, "_non_atomic_requests", ()))
+    view._non_atomic_requests = marker
+    return marker
+
+
+@contextmanager
+def _request_transactions(non_atomic: Iterable[str] | None) -> Iterator[int]:
+    """``atomic()`` for every alias with ATOMIC_REQUESTS but those in ``non_atomic``.
+
+    Yields how many blocks it opened.
+    """
+    with ExitStack() as stack:
+        opened = 0
+        if non_atomic is not None:
+            exempt = set(iter(non_atomic))  # iterated: an _AtomicHere answers "in" to all
+            for alias, settings_dict in connections.settings.items():
+                if settings_dict.get("ATOMIC_REQUESTS") and alias not in exempt:
+                    stack.enter_context(transaction.atomic(using=alias))
+                    opened += 1
+        yield opened
+
+
+def _refuse_commit_unless_held(lease: Lease) -> None:
+    """Raise LockLost, so the request's writes roll back, unless the lease surely holds."""
+    # The local deadline is counted from before the grant, so up to it the lease holds
+    # by the database clock too; no statement is needed to know.
     if lease.lost or time.monotonic() >= lease._local_deadline:
-        # Lost or surely expired: the release raises LockLost now, while the request's
-        # transaction can still roll back what was written without the lock.
-        return False
-    return any(_in_transaction(c) for c in connections.all(initialized_only=True))
+        raise LockLost(
+            f"lock {lease.name!r} was lost (or ran out) before the request's writes "
+            "committed; they are rolled back"
+        )
 
 
 def _hand_over(lease: Lease, response: Any) -> HttpResponseBase:
-    """Release now, or once the response is closed (streamed, or its transaction ended)."""
-    streaming_response = getattr(response, "streaming", False)
-    if not streaming_response and not _release_later(lease, response):
+    """Release now, or for a streaming response once its content is sent or it is closed."""
+    if not getattr(response, "streaming", False):
         _end(lease, False)
         return cast(HttpResponseBase, response)
     release = _ResponseRelease(lease)
-    if not streaming_response:
-        # Under ATOMIC_REQUESTS the request's transaction commits after this returns: a
-        # release now would let the next request take the lock and read the data as it
-        # was before this one's writes (a lost update). Django's handlers close the
-        # response once make_view_atomic's blocks have committed or rolled back.
-        plain = cast(HttpResponseBase, response)
-        # The list close() runs (Django 3.0+); there is no public way to add to it.
-        plain._resource_closers.append(release)  # type: ignore[attr-defined]
-        _release_when_dropped(plain, release)
-        return plain
     streaming = cast(StreamingHttpResponse, response)
     # The content as the view gave it: streaming_content would wrap it in a reference back
     # to the response, and that cycle would keep a dropped response (below) uncollected.
@@ -318,20 +347,17 @@ def _hand_over(lease: Lease, response: Any) -> HttpResponseBase:
         streaming.streaming_content = _AsyncStream(cast(AsyncIterator[bytes], content), release)
     else:
         streaming.streaming_content = _SyncStream(cast(Iterator[bytes], content), release)
-    _release_when_dropped(streaming, release)
+    # A middleware may answer with another response instead (ConditionalGetMiddleware's
+    # 304, say) and drop this one unclosed: then the lease goes when this one is collected.
+    release.finalizer = weakref.finalize(streaming, release.when_dropped)
+    release.finalizer.atexit = False  # type: ignore[misc]  # a property typeshed misses
     return streaming
 
 
-def _release_when_dropped(response: HttpResponseBase, release: _ResponseRelease) -> None:
-    # A middleware may answer with another response instead (ConditionalGetMiddleware's
-    # 304, a failed commit's 500) and drop this one unclosed: then the lease goes when
-    # this one is collected.
-    finalizer = weakref.finalize(response, release.when_dropped)
-    finalizer.atexit = False  # type: ignore[misc]  # a property typeshed misses
-
-
 class _ResponseRelease:
-    """Releases a lease handed to a response, once, whoever comes first."""
+    """Releases a lease handed to a streaming response, once, whoever comes first."""
+
+    finalizer: weakref.finalize[Any, Any] | None = None
 
     def __init__(self, lease: Lease) -> None:
         self._lease: Lease | None = lease
@@ -342,6 +368,8 @@ class _ResponseRelease:
             lease, self._lease = self._lease, None
         if lease is None:
             return
+        if self.finalizer is not None:
+            self.finalizer.detach()
         try:
             _end(lease, False)
         except LockLost:
@@ -464,8 +492,10 @@ def lock_view(
 
         @functools.wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-            return guard.run(view, request, args, kwargs)
+            return guard.run(view, request, args, kwargs, non_atomic=non_atomic)
 
+        # Not for async views: Django refuses ATOMIC_REQUESTS for them, as it should.
+        non_atomic = _mark_atomic_here(wrapper)
         return cast(V, wrapper)
 
     return decorate
@@ -518,4 +548,18 @@ class LockViewMixin:
         handler = super().dispatch  # type: ignore[misc]
         if getattr(self, "view_is_async", False):
             return guard.arun(handler, request, args, kwargs)
-        return guard.run(handler, request, args, kwargs)
+        exempt = getattr(type(self).dispatch, "_non_atomic_requests", ())
+        return guard.run(handler, request, args, kwargs, non_atomic=set(iter(exempt)))
+
+    @classmethod
+    def as_view(cls, **initkwargs: Any) -> Any:
+        """Django's ``as_view()``; a sync view's request transactions run inside the lease.
+
+        Example::
+
+            path("invoices/<int:pk>/", InvoiceView.as_view())
+        """
+        view = super().as_view(**initkwargs)  # type: ignore[misc]
+        if not getattr(cls, "view_is_async", False):
+            _mark_atomic_here(view)
+        return view

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from unittest.mock import ANY
 from urllib.parse import quote
 
@@ -24,6 +24,7 @@ from django.http.response import HttpResponseBase
 from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.utils.decorators import method_decorator
 from django.views import View
+from django.views.decorators.cache import cache_page
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -487,25 +488,71 @@ def test_under_atomic_requests_the_next_holder_sees_the_committed_write(
 @pytest.mark.usefixtures("atomic_requests")
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
 @pytest.mark.parametrize("kind", BUMP_VIEWS)
-def test_under_atomic_requests_the_lease_is_released_when_the_response_is_closed(
+def test_under_atomic_requests_the_transaction_ends_inside_the_lease(
     kind: str, outcome: str, locks_apart: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     counter = Counter.objects.create(name="c")
     query = "?rollback=1" if outcome == "rollback" else ""
     response = handle(f"/locking/bump/{kind}/{counter.pk}/{query}")
     assert response.status_code == (409 if outcome == "rollback" else 200)
-    # The request's transaction has ended; the server has yet to send and close the answer.
+    # Committed (or rolled back) and released by the time the handler answers, before
+    # the server sends the answer and closes it.
     assert Counter.objects.get(pk=counter.pk).value == (0 if outcome == "rollback" else 1)
-    assert locks.is_locked(f"bump:{counter.pk}")
-    response.close()
     assert not locks.is_locked(f"bump:{counter.pk}")
-
-    # The test client closes its responses too: nothing is left behind, request after
-    # request, and nothing waited for the garbage collector.
+    response.close()
     for _ in range(3):
         assert Client().get(f"/locking/bump/{kind}/{counter.pk}/{query}").status_code in (200, 409)
     assert not Lock.objects.using(locks_apart).exists()
     assert Counter.objects.get(pk=counter.pk).value == (0 if outcome == "rollback" else 4)
+    assert "dropped unsent" not in caplog.text
+
+
+def _in_atomic(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(str(connection.in_atomic_block))
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests", "locks_apart")
+def test_a_locked_view_exempt_from_atomic_requests_runs_without_a_transaction() -> None:
+    atomic = lock_view("exempt", ttl=30)(_in_atomic)
+    under = lock_view("exempt", ttl=30)(transaction.non_atomic_requests(_in_atomic))
+    over = transaction.non_atomic_requests(lock_view("exempt", ttl=30)(_in_atomic))
+    handler = BaseHandler()
+    handler.load_middleware()
+    seen = [
+        cast(HttpResponse, handler.make_view_atomic(view)(RequestFactory().get("/"))).content
+        for view in (atomic, under, over)
+    ]
+    assert seen == [b"True", b"False", b"False"]
+    assert not locks.is_locked("exempt")
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests", "locks_apart")
+@override_settings(
+    CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
+    MIDDLEWARE=[
+        "django.middleware.cache.UpdateCacheMiddleware",
+        "django.middleware.http.ConditionalGetMiddleware",
+        "django.middleware.cache.FetchFromCacheMiddleware",
+    ],
+)
+def test_under_atomic_requests_cached_and_not_modified_responses_release_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    counter = Counter.objects.create(name="c")
+    cached = cache_page(60)(lock_view("cached:{pk}", ttl=30)(views_locking._bump))
+    first = cached(RequestFactory().get("/cached/"), pk=counter.pk)
+    assert first.status_code == 200
+    assert not locks.is_locked(f"cached:{counter.pk}")
+    # A response the cache pickled, then a 304 that replaces the view's own.
+    response = Client().get(f"/locking/bump/decorated/{counter.pk}/")
+    assert response.status_code == 200
+    again = Client().get(
+        f"/locking/bump/decorated/{counter.pk}/", HTTP_IF_NONE_MATCH=response.get("ETag", "*")
+    )
+    assert again.status_code in (200, 304)
+    assert not Lock.objects.exists() and not locks.is_locked(f"bump:{counter.pk}")
     assert "dropped unsent" not in caplog.text
 
 
@@ -514,7 +561,7 @@ def test_under_atomic_requests_the_lease_is_released_when_the_response_is_closed
 def test_under_atomic_requests_a_lease_lost_before_the_view_returns_rolls_its_writes_back(
     locks_apart: str,
 ) -> None:
-    # Its release is not put off: it raises LockLost while the transaction can roll back.
+    # Found out before the commit, without a statement: LockLost rolls the writes back.
     counter = Counter.objects.create(name="c")
     response = Client(raise_request_exception=False).get(f"/locking/bump/past-ttl/{counter.pk}/")
     assert response.status_code == 500
@@ -575,12 +622,8 @@ def test_a_nested_locked_view_leaves_the_caller_its_own_lease(
     if kind == "async":
         response = asyncio.run(aouter_view(request, pk=7))
     elif kind == "sync-in-atomic":
-        # The re-entry is released at once (the outer holding keeps the lock), the outer
-        # lease once its response is closed.
         with transaction.atomic():
             response = outer_view(request, pk=7)
-        assert locks.is_locked("nested:7")
-        response.close()
     else:
         response = outer_view(request, pk=7)
     assert (response.status_code, response.content) == (200, b"outer")
