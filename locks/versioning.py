@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterable
 from typing import Any, TypeVar, cast
 
 from django import forms
-from django.db import connections, models, transaction
+from django.db import models
 from django.db.models import F, Field
 from django.db.models.manager import BaseManager
 from django.db.models.signals import class_prepared
@@ -17,37 +17,6 @@ from .saving import RawSaveAware
 _V = TypeVar("_V", bound=models.Model)
 
 VERSION = "version"
-
-# The instance attribute that lists a copy's versioned saves not known to be committed.
-_UNSETTLED = "_locks_unsettled"
-
-
-class _Bump:
-    """One versioned save of a copy, made inside a transaction that has not committed yet.
-
-    It is the save's ``on_commit`` callback: run at the commit, it forgets itself. A
-    rollback (of the transaction, or of a savepoint the save was made in) drops it from
-    the connection's callbacks unrun; finding it neither run nor pending is how the copy
-    learns that its row went back to ``base``.
-    """
-
-    __slots__ = ("base", "bumped", "instance", "using")
-
-    def __init__(self, instance: VersionedModel, using: str, base: int) -> None:
-        self.instance, self.using, self.base, self.bumped = instance, using, base, base + 1
-
-    def __call__(self) -> None:
-        unsettled: list[_Bump] | None = self.instance.__dict__.get(_UNSETTLED)
-        if unsettled and self in unsettled:
-            unsettled.remove(self)
-            if not unsettled:
-                del self.instance.__dict__[_UNSETTLED]
-
-    def pending(self) -> bool:
-        """Whether the save's transaction (and savepoint) is still open, neither ended."""
-        # From the end: a copy saved again is most often saved again soon after.
-        callbacks = connections[self.using].run_on_commit
-        return any(entry[1] is self for entry in reversed(callbacks))
 
 
 class VersionField(models.PositiveBigIntegerField):  # type: ignore[type-arg]
@@ -70,20 +39,6 @@ class VersionField(models.PositiveBigIntegerField):  # type: ignore[type-arg]
     def formfield(self, **kwargs: Any) -> forms.Field | None:  # type: ignore[override]
         kwargs.setdefault("widget", forms.HiddenInput)
         return super().formfield(**kwargs)
-
-
-def _rolled_back(unsettled: list[_Bump]) -> int:
-    """How many of the last saves listed were rolled back: neither run nor pending.
-
-    Rollbacks drop the latest saves first (a savepoint's, then its transaction's), so
-    they are the last ones listed. (A callback not yet run while the commit runs the
-    ones before it looks the same; a save made from one of those then fails with
-    ConcurrentUpdate, the safe way round.)
-    """
-    count = 0
-    while count < len(unsettled) and not unsettled[-1 - count].pending():
-        count += 1
-    return count
 
 
 class VersionedQuerySet(models.QuerySet[_V]):
@@ -174,10 +129,10 @@ class VersionedModel(RawSaveAware):
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Save, incrementing ``version``; ``ConcurrentUpdate`` if the row changed meanwhile.
 
-        A save whose transaction is rolled back afterwards (the caller's ``atomic()``
-        block, a savepoint of it, or a multi-table save whose other table failed) counts
-        as never made: the next save expects the version the row went back to, and sets
-        ``version`` back to it first.
+        A save that raises leaves ``version`` as it was before the call. A save that
+        succeeded inside an ``atomic()`` block rolled back afterwards keeps the
+        incremented version in memory, as Django leaves any instance's fields after a
+        rollback: call ``refresh_from_db()`` before redoing the change.
 
         Raises ``ValueError`` (before any query) for a copy loaded without its version,
         e.g. by ``only("body")`` or ``defer("version")``: reading the deferred version
@@ -194,7 +149,6 @@ class VersionedModel(RawSaveAware):
                 "changed the row since; nothing was written. Load the version with the "
                 f'copy, e.g. {self._meta.object_name}.objects.only("...", "version").'
             )
-        self._locks_settle()
         version = self.__dict__.get(VERSION)
         if type(version) is not int or version < 0:
             raise TypeError(
@@ -209,66 +163,15 @@ class VersionedModel(RawSaveAware):
         try:
             super().save(*args, **kwargs)
         except BaseException:
-            # A multi-table save that failed after the version's table was updated has
-            # been rolled back by now, unless the caller's transaction is still open.
-            self._locks_settle()
+            # Django writes the tables of a save under atomic(savepoint=False) (multi-table
+            # models) or mark_for_rollback_on_error(), so a save that raised has had its
+            # writes undone, or its transaction marked for rollback: the copy must not
+            # claim the version it did not keep (a multi-table save whose child table
+            # failed after the parent's version UPDATE). A post_save receiver that raises
+            # after an autocommitted UPDATE is set back too; the next save then raises
+            # ConcurrentUpdate, which errs on the safe side.
+            self.version = version
             raise
-
-    def refresh_from_db(
-        self,
-        using: str | None = None,
-        fields: Iterable[str] | None = None,
-        from_queryset: models.QuerySet[Any] | None = None,
-    ) -> None:
-        """Django's ``refresh_from_db()``; a reloaded version replaces any this copy wrote.
-
-        Example::
-
-            doc.refresh_from_db()  # the row's current version, whatever this copy saved
-        """
-        fields = None if fields is None else list(fields)
-        super().refresh_from_db(using=using, fields=fields, from_queryset=from_queryset)
-        if fields is None or VERSION in fields:
-            self.__dict__.pop(_UNSETTLED, None)
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A pickled (or copy.copy'd) copy gets the version as it stands now, without the
-        # transaction callbacks, which belong to this copy and this process. This copy
-        # is left as it is: it may be pickled from another thread than its transaction's.
-        state = super().__getstate__()
-        unsettled: list[_Bump] | None = state.pop(_UNSETTLED, None)
-        if unsettled and state.get(VERSION) == unsettled[-1].bumped:
-            rolled_back = _rolled_back(unsettled)
-            if rolled_back:
-                state[VERSION] = unsettled[-rolled_back].base
-        return state
-
-    def _locks_settle(self) -> None:
-        """Set ``version`` back past this copy's saves whose transaction was rolled back."""
-        unsettled: list[_Bump] | None = self.__dict__.get(_UNSETTLED)
-        if not unsettled:
-            return
-        if self.__dict__.get(VERSION) != unsettled[-1].bumped:
-            # The version was assigned since (by the caller, or a form's posted one):
-            # that is the version this copy claims to be based on now.
-            del self.__dict__[_UNSETTLED]
-            return
-        rolled_back = _rolled_back(unsettled)
-        if rolled_back:
-            self.version = unsettled[-rolled_back].base
-            del unsettled[-rolled_back:]
-        if not unsettled:
-            del self.__dict__[_UNSETTLED]
-
-    def _locks_remember(self, using: str, base: int) -> None:
-        """Note a successful versioned UPDATE from ``base`` until its transaction commits."""
-        if not connections[using].in_atomic_block:
-            # Autocommit: the UPDATE is committed already. (Or a transaction managed by
-            # hand with set_autocommit(False), whose end on_commit() cannot follow.)
-            return
-        bump = _Bump(self, using, base)
-        self.__dict__.setdefault(_UNSETTLED, []).append(bump)
-        transaction.on_commit(bump, using=using)
 
     def _do_update(
         self,
@@ -298,7 +201,6 @@ class VersionedModel(RawSaveAware):
         updated = super()._do_update(base_qs.filter(version=expected), using, pk_val, bumped, *args)
         if updated:
             self.version = expected + 1
-            self._locks_remember(base_qs.db if using is None else using, expected)
             return updated
         current = base_qs.filter(pk=pk_val).values_list(VERSION, flat=True).first()
         if current is None and self._state.adding:
