@@ -637,9 +637,22 @@ class Entered:
                 break
         else:
             # A block that ends in another thread than it began in (a generator resumed
-            # elsewhere) finds nothing here: then the object's innermost lease.
+            # elsewhere) finds nothing here. Guess only when the guess cannot be another
+            # thread's holding: every lease left is one holding (holder and token).
+            if len({(held.holder, held.token) for held in self._held}) != 1:
+                raise LockError(
+                    "a lock() block ended in another thread or task than it began in while "
+                    "the same lock object holds other holdings: it cannot tell which one is "
+                    "this block's, so it released none (this block's lease runs out)"
+                )
             lease = self._held[-1]
-        self._held.remove(lease)
+        if not any(held is lease for held in self._held):
+            # A block of the same holding that ended in another thread took this one's
+            # entry: give back one of the holding's that are left.
+            same = (lease.holder, lease.token)
+            lease = next((h for h in reversed(self._held) if (h.holder, h.token) == same), lease)
+        if any(held is lease for held in self._held):
+            self._held.remove(lease)
         return lease
 
 

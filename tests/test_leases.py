@@ -385,6 +385,88 @@ def test_a_lock_block_that_ends_in_another_thread_releases_its_lease() -> None:
     assert not locks.is_locked("orders:moved")
 
 
+def _in_thread(body: Callable[[], object]) -> list[object]:
+    """Run ``body`` in a new thread to its end; what it returned or raised."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(body())
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            locks.connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    return outcome
+
+
+def test_a_block_ending_in_another_thread_never_releases_another_threads_holding() -> None:
+    guard = locks.lock("orders:shared", ttl=0.5, timeout=10)  # one object, several threads
+
+    def holding() -> Iterator[None]:
+        with guard:
+            yield
+
+    steps = holding()
+    next(steps)
+    time.sleep(0.8)  # the generator's lease runs out
+    inside, leave = threading.Event(), threading.Event()
+    b_lease: list[locks.Lease] = []
+
+    def b() -> str:
+        with guard as lease:  # another thread takes it over: a live holding
+            b_lease.append(lease)
+            inside.set()
+            assert leave.wait(10)
+        return "exited"
+
+    outcome: list[object] = []
+    thread_b = threading.Thread(target=lambda: outcome.extend(_in_thread(b)))
+    thread_b.start()
+    assert inside.wait(10)
+    # The generator's block ends in a third thread: which of the object's leases is its
+    # own cannot be told there, so it releases none, and says so.
+    ended = _in_thread(lambda: next(steps, None))
+    assert len(ended) == 1 and isinstance(ended[0], locks.LockError), ended
+    assert Lock.objects.get(name="orders:shared").holder == b_lease[0].holder
+    leave.set()
+    thread_b.join(10)
+    assert outcome == ["exited"]
+    assert not locks.is_locked("orders:shared")
+
+
+def test_blocks_of_one_shared_holder_ending_in_other_threads_each_give_back_one_entry() -> None:
+    guard = locks.lock("orders:svc", ttl=30, holder="svc", timeout=0)
+
+    def holding() -> Iterator[None]:
+        with guard:
+            yield
+
+    steps = holding()
+    next(steps)  # count 1
+    inside, leave = threading.Event(), threading.Event()
+
+    def b() -> str:
+        with guard:  # the same holder: a re-entry, count 2
+            inside.set()
+            assert leave.wait(10)
+        return "exited"
+
+    outcome: list[object] = []
+    thread_b = threading.Thread(target=lambda: outcome.extend(_in_thread(b)))
+    thread_b.start()
+    assert inside.wait(10)
+    assert _in_thread(lambda: next(steps, None)) == [None]
+    assert Lock.objects.get(name="orders:svc").count == 1
+    leave.set()
+    thread_b.join(10)
+    assert outcome == ["exited"]
+    assert not locks.is_locked("orders:svc")
+
+
 def test_a_lock_built_before_the_settings_changed_reads_them_when_entered() -> None:
     # As a function decorated at import time: ttl and database are the call's defaults.
     guard = locks.lock("reports:settings")
