@@ -336,7 +336,16 @@ class SingletonTask(Task[..., Any]):
         if request.called_directly or not request.id or getattr(request, _RUN_MARK, False):
             return super().__call__(*args, **kwargs)
         setattr(request, _RUN_MARK, True)
-        lease = self._enter_run(str(request.id), args, kwargs)
+        try:
+            lease = self._enter_run(str(request.id), args, kwargs)
+        except Ignore:
+            raise  # a duplicate: the key is another task id's, not this run's to free
+        except BaseException:
+            # The run ended before it began (a database error on a connection the server
+            # dropped, a soft time limit): nothing is queued or running under this id any
+            # more, so the enqueue's lease would block the key for lock_ttl.
+            self._release_entry(str(request.id), args, kwargs)
+            raise
         setattr(request, _RUN_LEASE, lease)
         retrying = False
         try:
@@ -426,6 +435,27 @@ class SingletonTask(Task[..., Any]):
             )
             raise Ignore()
         return lease
+
+    def _release_entry(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Free the key the enqueue took for ``task_id``, whose run failed to begin.
+
+        Never raises: the run's own error is on its way out, and must not be masked; the
+        lease expires after ``lock_ttl`` anyway.
+        """
+        try:
+            _, alias, _ = self._lock_options()
+            key = self._run_key(args, kwargs)
+            released = leases.release_holding(key, task_id, alias)
+        except Exception:
+            logger.exception(
+                "task %s[%s] failed to begin, and freeing its lock failed too; the lock "
+                "expires after lock_ttl",
+                self.name,
+                task_id,
+            )
+            return
+        if released:
+            logger.info("task %s[%s] failed to begin: released lock %r", self.name, task_id, key)
 
     def _run_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         request = self.request

@@ -13,19 +13,26 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.app.task import Context
-from celery.exceptions import Reject, Retry
+from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
 from celery.signals import task_revoked
+from django.db import OperationalError as DatabaseOperationalError
+from django.db import connections
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from kombu.exceptions import OperationalError
 
 import locks
+import locks.connection
+import locks.leases
 import tests.celery_tasks  # noqa: F401 - registers the test tasks with every app
 from locks.celery import KEY_HEADER, SingletonTask, default_key, fit_key
+from locks.conf import conf
 from locks.models import Lock
+from tests import pgbouncer
 from tests.app.models import CeleryRun
 from tests.celery_app import make_app
 from tests.celery_support import singleton, unique_queue
+from tests.conftest import BACKEND
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -530,3 +537,97 @@ def test_revoke_leaves_another_holders_lease_alone(app: Celery) -> None:
     held = Lock.objects.get(name=key)
     assert (held.holder, held.token, held.count) == ("someone-else", lease.token, 1)
     lease.release()
+
+
+def run_message(task: SingletonTask, task_id: str, *args: Any) -> None:
+    """Run the message ``task_id`` of ``task`` here as a worker runs it: its id, its key."""
+    task.push_request(id=task_id, args=args, kwargs={}, headers={KEY_HEADER: task.lock_name(args)})
+    task.request.called_directly = False
+    try:
+        task(*args)
+    finally:
+        task.pop_request()
+
+
+def assert_key_free_after_failed_run(task: SingletonTask, failed_id: str) -> None:
+    """Nothing is queued or running under ``failed_id``: its key must be free again."""
+    key = task.lock_name((1,))
+    held = Lock.objects.filter(name=key).first()
+    again = task.delay(1)
+    assert held is None and again.id != failed_id, (
+        f"the failed run {failed_id} keeps {key!r} until {held and held.expires_at}; "
+        f"delay() is refused as its duplicate: {again.id}"
+    )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [DatabaseOperationalError("server closed the connection"), SoftTimeLimitExceeded()],
+    ids=["database-error", "soft-time-limit"],
+)
+def test_a_run_that_fails_to_begin_frees_its_key(
+    app: Celery, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
+    # Its message was taken off the queue, and the run never began: kept, the enqueue's
+    # lease would refuse every delay() for lock_ttl as a duplicate of a run that is gone.
+    task = make_task(app, "t.entry-fails", lock_ttl=3600)
+    sent = task.delay(1)
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise error
+
+    with monkeypatch.context() as patched:
+        patched.setattr(locks.leases, "try_acquire", failing)
+        with pytest.raises(type(error)):
+            run_message(task, sent.id, 1)
+    assert_key_free_after_failed_run(task, sent.id)
+
+
+def test_a_run_that_fails_to_begin_keeps_its_error_when_freeing_fails_too(
+    app: Celery, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    task = make_task(app, "t.entry-fails-twice", lock_ttl=3600)
+    sent = task.delay(1)
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise DatabaseOperationalError("the database is gone")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(locks.leases, "try_acquire", failing)
+        patched.setattr(locks.leases, "release_holding", failing)
+        with (
+            caplog.at_level(logging.ERROR, "locks.celery"),
+            pytest.raises(DatabaseOperationalError, match="the database is gone"),
+        ):
+            run_message(task, sent.id, 1)
+    assert "failed to begin, and freeing its lock failed too" in caplog.text
+    assert Lock.objects.get(name=task.lock_name((1,))).holder == sent.id  # expires by TTL
+
+
+@pytest.mark.skipif(
+    BACKEND != "postgresql" or pgbouncer.ENABLED,
+    reason="terminates a PostgreSQL session (ours, not PgBouncer's)",
+)
+def test_a_run_whose_lock_connection_the_server_ended_frees_its_key(app: Celery) -> None:
+    # A database restart, a failover or an idle-session timeout, as an idle worker sees it.
+    task = make_task(app, "t.connection-ended", lock_ttl=3600)
+    sent = task.delay(1)
+    own = locks.connection.get(conf.DATABASE)
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [own.connection.info.backend_pid])
+    with pytest.raises(DatabaseOperationalError):
+        run_message(task, sent.id, 1)
+    assert_key_free_after_failed_run(task, sent.id)
+
+
+@pytest.mark.skipif(BACKEND != "mariadb", reason="MariaDB's wait_timeout")
+def test_a_run_whose_lock_connection_idled_past_wait_timeout_frees_its_key(app: Celery) -> None:
+    # A worker idle longer than the server's wait_timeout (8 h by default; 1 s here).
+    task = make_task(app, "t.wait-timeout", lock_ttl=3600)
+    sent = task.delay(1)
+    with locks.connection.get(conf.DATABASE).cursor() as cursor:
+        cursor.execute("SET SESSION wait_timeout = 1")
+    time.sleep(2.5)
+    with pytest.raises(DatabaseOperationalError):
+        run_message(task, sent.id, 1)
+    assert_key_free_after_failed_run(task, sent.id)
