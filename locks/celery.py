@@ -17,11 +17,11 @@ from celery import Task
 from celery.canvas import _chain
 from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
-from celery.signals import task_revoked
+from celery.signals import task_postrun, task_prerun, task_revoked
 from celery.utils import uuid
 from django.db import DatabaseError
 
-from . import leases, validation
+from . import connection, leases, validation
 from .conf import conf
 from .exceptions import DuplicateTask, LockBusy, LockError, LockLost
 
@@ -564,7 +564,24 @@ def _release_revoked(sender: Any = None, request: Any = None, **signal_info: Any
         )
 
 
+def _close_old_connections(sender: Any = None, **signal_info: Any) -> None:
+    """Before and after each task a worker runs, close the app's own connections that
+    Django would close (``CONN_MAX_AGE``, errors, failed ``CONN_HEALTH_CHECKS``).
+
+    Celery's Django fixup does this for Django's connections, not for the app's own: a
+    worker's lock connection the server dropped while idle (a restart, a failover,
+    ``wait_timeout``) would fail the next run at its start. Not in an eager run: it runs
+    inside the caller's code, as Celery's fixup also leaves that alone.
+    """
+    request = getattr(sender, "request", None)
+    if getattr(request, "is_eager", False):
+        return
+    connection.close_old()
+
+
 # Connected on import: every process that runs a SingletonTask has imported this module
 # (the task's base class lives here), and Celery is an optional dependency that the
 # app's ready() must not import. weak=False: the receiver is a module function anyway.
 task_revoked.connect(_release_revoked, weak=False, dispatch_uid="locks.celery.release_revoked")
+task_prerun.connect(_close_old_connections, weak=False, dispatch_uid="locks.celery.close_old")
+task_postrun.connect(_close_old_connections, weak=False, dispatch_uid="locks.celery.close_old_end")

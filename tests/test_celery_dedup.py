@@ -14,11 +14,15 @@ from pathlib import Path
 
 import pytest
 from celery import Celery, chain
+from django.db import connections
 
 import locks
+import locks.connection
 import tests.celery_tasks  # noqa: F401 - registers the test tasks with every app
 from locks.celery import KEY_HEADER
+from locks.conf import conf
 from locks.models import Lock
+from tests import pgbouncer
 from tests.app.models import CeleryRun
 from tests.celery_app import make_app
 from tests.celery_support import (
@@ -31,7 +35,7 @@ from tests.celery_support import (
     unique_queue,
     wait_until,
 )
-from tests.conftest import finish, read_event, spawn
+from tests.conftest import BACKEND, finish, read_event, spawn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -467,5 +471,46 @@ def test_acks_late_run_redelivered_after_its_worker_died_reenters_its_lease(
             (first.id, False),
             (first.id, True),
         ]
+    finally:
+        delete_queue(app, queue)
+
+
+@pytest.mark.skipif(
+    BACKEND != "postgresql" or pgbouncer.ENABLED,
+    reason="terminates PostgreSQL sessions (the server's, not PgBouncer's)",
+)
+def test_first_run_after_the_database_dropped_the_workers_sessions_runs(tmp_path: Path) -> None:
+    # A database restart, a failover or an idle-session timeout, as an idle worker sees
+    # it: its lock connection is dead before the next run begins. Its own worker, since
+    # the module's would lose the sessions its main process keeps for revokes.
+    url, queue = BROKERS["redis"], unique_queue()
+    app = make_app(url, queue)
+    env = celery_env(url, queue)
+    try:
+        with celery_worker(
+            "tests.celery_app", queue, tmp_path / "worker.log", env, concurrency=1
+        ) as process:
+            record = singleton(app, "tests.record")
+            record.delay("warm")
+            wait_until(lambda: finished_runs("warm"), what="the first run")
+            # Every session of this test database but this process's own two: the worker's.
+            own = locks.connection.get(conf.DATABASE)
+            own.ensure_connection()
+            with connections["default"].cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND pid <> %s",
+                    [own.connection.info.backend_pid],
+                )
+                assert cursor.fetchone()[0] >= 1
+            sent = record.delay("after")
+            wait_until(
+                lambda: finished_runs("after") or f"[{sent.id}] raised" in process.text(),
+                what="the run to end",
+            )
+            assert finished_runs("after") == 1, process.text()[-2000:]
+            wait_until(lambda: not Lock.objects.filter(holder=sent.id).exists(), what="release")
+            assert record.delay("after").id != sent.id
     finally:
         delete_queue(app, queue)

@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 from celery.app.task import Context
 from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
-from celery.signals import task_revoked
+from celery.signals import task_postrun, task_prerun, task_revoked
 from django.db import OperationalError as DatabaseOperationalError
 from django.db import connections
 from django.test import override_settings
@@ -631,3 +631,24 @@ def test_a_run_whose_lock_connection_idled_past_wait_timeout_frees_its_key(app: 
     with pytest.raises(DatabaseOperationalError):
         run_message(task, sent.id, 1)
     assert_key_free_after_failed_run(task, sent.id)
+
+
+@pytest.mark.parametrize(
+    ("eager", "closed"), [(False, True), (True, False)], ids=["worker", "eager"]
+)
+@pytest.mark.parametrize("signal_", [task_prerun, task_postrun], ids=["prerun", "postrun"])
+def test_a_worker_closes_old_lock_connections_around_each_task(
+    app: Celery, signal_: Any, eager: bool, closed: bool
+) -> None:
+    # As Celery's Django fixup does for Django's connections (CONN_MAX_AGE = 0 here):
+    # a connection the server dropped while the worker idled is not the next run's.
+    task = make_task(app, "t.recycled")
+    own = locks.connection.get(conf.DATABASE)
+    own.ensure_connection()
+    assert own.settings_dict["CONN_MAX_AGE"] == 0
+    task.push_request(id="recycled-task-id", is_eager=eager)
+    try:
+        signal_.send(sender=task, task_id="recycled-task-id", task=task, args=(), kwargs={})
+    finally:
+        task.pop_request()
+    assert (own.connection is None) is closed
