@@ -20,7 +20,7 @@ import locks
 import locks.connection
 from locks.models import Lock
 from tests.app.models import Counter
-from tests.conftest import NEEDS_POOL, ROOT, worker_env
+from tests.conftest import BACKEND, NEEDS_POOL, ROOT, worker_env
 from tests.faults import hold_write_lock, kill_session, other_sessions
 from tests.pgbouncer import ENABLED as PGBOUNCER
 from tests.remote import remotes
@@ -109,6 +109,33 @@ class _Thread:
         if not ok:
             raise value
         return value
+
+
+@pytest.mark.skipif(BACKEND != "mariadb", reason="MariaDB's CLIENT.FOUND_ROWS client flag")
+@pytest.mark.django_db(transaction=True)
+def test_a_renew_that_keeps_the_expiry_holds_on_whatever_client_flag_the_alias_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from MySQLdb.constants import CLIENT
+
+    # An alias's OPTIONS["client_flag"] (here for multi-statement scripts) replaces Django's
+    # default FOUND_ROWS: a session without it counts changed rows, not matched ones.
+    settings_dict = connections.settings["default"]
+    options = {**(settings_dict.get("OPTIONS") or {}), "client_flag": CLIENT.MULTI_STATEMENTS}
+    monkeypatch.setitem(settings_dict, "OPTIONS", options)
+
+    def renew_shorter() -> bool:
+        try:
+            lease = locks.acquire("orders:1", ttl=60)
+            # The expiry stays as it is (renew never shortens a lease): no row changes.
+            lease.renew(ttl=5)
+            held = lease.held
+            lease.release()
+            return held
+        finally:
+            locks.connection.close()  # made with this test's settings: not for later ones
+
+    assert _Thread(renew_shorter).result() is True
 
 
 def _session_of(wrapper: Any) -> int:

@@ -113,13 +113,26 @@ class MySQLBackend(Backend):
     def renew(
         self, cursor: Cursor, name: str, holder: str, token: int, ttl: float
     ) -> datetime | None:
-        # Django's MySQL connection counts matched rows (CLIENT.FOUND_ROWS): 1 = still ours.
+        # Our sessions count matched rows (CLIENT.FOUND_ROWS, see own_settings): 1 = still ours.
         cursor.execute(RENEW, [_micros(ttl), name, holder, token])
         if not cursor.rowcount:
             return None
         cursor.execute(READ_EXPIRY, [name, holder, token])
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
+
+    def own_settings(self, settings_dict: dict[str, Any]) -> dict[str, Any]:
+        """Our sessions count matched rows (``CLIENT.FOUND_ROWS``), whatever ``OPTIONS`` say.
+
+        renew() reads "still ours" from the row count, and a renew that leaves the expiry
+        as it is (a shorter TTL) changes no row. Django sets FOUND_ROWS by default, but an
+        ``OPTIONS["client_flag"]`` of the alias's replaces the default: add it back.
+        """
+        from MySQLdb.constants import CLIENT
+
+        options = dict(settings_dict.get("OPTIONS") or {})
+        options["client_flag"] = int(options.get("client_flag", 0)) | CLIENT.FOUND_ROWS
+        return {**settings_dict, "OPTIONS": options}
 
     def release_reentry(self, cursor: Cursor, name: str, holder: str, token: int) -> Released:
         cursor.execute(RELEASE_REENTRY, [name, holder, token])
