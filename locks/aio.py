@@ -37,6 +37,7 @@ from .leases import (
     _backoff,
     _end,
     _Request,
+    function_kind,
     notifies,
     unset,
 )
@@ -299,13 +300,7 @@ class AsyncLockContext(Entered, AbstractAsyncContextManager[Lease], AsyncContext
         # markcoroutinefunction) rather than their __call__.
         if not iscoroutinefunction(func) and not iscoroutinefunction(target):
             name = getattr(func, "__qualname__", func)
-            kind = (
-                "async generator"
-                if inspect.isasyncgenfunction(target)
-                else "generator"
-                if inspect.isgeneratorfunction(target)
-                else None
-            )
+            kind = function_kind(target)
             if kind is not None:
                 raise TypeError(
                     f"@locks.alock() on {name!r}, {'an' if kind[0] == 'a' else 'a'} {kind} "

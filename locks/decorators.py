@@ -10,7 +10,8 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
@@ -136,21 +137,7 @@ class ViewLock:
             return self._busy(request, name, self._retry_after(name))
         outer = _enter(request, lease)
         try:
-            try:
-                with _request_transactions(non_atomic) as opened:
-                    response = view(request, *args, **kwargs)
-                    if callable(getattr(response, "render", None)) and not response.is_rendered:
-                        # Rendered under the lease: a failing template must not leave it
-                        # behind.
-                        response = response.render()
-                    if opened:
-                        _refuse_commit_unless_held(lease)
-            except BaseException:
-                # Released at once: the view's writes, if any, are rolled back, and the
-                # release runs on the app's own connection, apart from that transaction.
-                _end(lease, True)
-                raise
-            return _hand_over(lease, response)
+            return _run_locked(view, request, args, kwargs, lease, non_atomic)
         finally:
             _leave(request, outer)
 
@@ -301,25 +288,108 @@ def _mark_atomic_here(view: Any) -> _AtomicHere:
     return marker
 
 
-@contextmanager
-def _request_transactions(non_atomic: Iterable[str] | None) -> Iterator[int]:
-    """``atomic()`` for every alias with ATOMIC_REQUESTS but those in ``non_atomic``.
+#: The leases of locked views run inside an enclosing locked view's request
+#: transactions (stacked decorators, or one locked view calling another): released by
+#: that view once its transactions have ended.
+_enclosing: ContextVar[list[Lease] | None] = ContextVar("locks_view_enclosing", default=None)
 
-    Yields how many blocks it opened.
-    """
-    with ExitStack() as stack:
-        opened = 0
-        if non_atomic is not None:
-            exempt = set(iter(non_atomic))  # iterated: an _AtomicHere answers "in" to all
-            for alias, settings_dict in connections.settings.items():
-                if settings_dict.get("ATOMIC_REQUESTS") and alias not in exempt:
-                    stack.enter_context(transaction.atomic(using=alias))
-                    opened += 1
-        yield opened
+
+def _exempt(request: HttpRequest, non_atomic: Iterable[str]) -> set[str]:
+    """The aliases the request is exempt from ATOMIC_REQUESTS for."""
+    # Iterated, not asked with "in": an _AtomicHere answers yes to every alias. The view
+    # Django resolved carries exemptions made where the URL names it as well.
+    resolved = getattr(getattr(request, "resolver_match", None), "func", None)
+    return {*iter(non_atomic), *iter(getattr(resolved, "_non_atomic_requests", ()))}
+
+
+def _in_transaction(alias: str) -> bool:
+    """Whether ``alias`` is in an atomic block other than a test case's own (never commits)."""
+    connection = connections[alias]
+    return connection.in_atomic_block and any(
+        not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks
+    )
+
+
+def _call(view: Callable[..., Any], request: HttpRequest, args: Any, kwargs: Any) -> Any:
+    response = view(request, *args, **kwargs)
+    if callable(getattr(response, "render", None)) and not response.is_rendered:
+        # Rendered under the lease: a failing template must not leave it behind.
+        response = response.render()
+    return response
+
+
+def _run_locked(
+    view: Callable[..., Any],
+    request: HttpRequest,
+    args: Any,
+    kwargs: Any,
+    lease: Lease,
+    non_atomic: Iterable[str] | None,
+) -> HttpResponseBase:
+    """Run the view under ``lease``; release it once the request's writes are committed."""
+    enclosing = _enclosing.get()
+    if enclosing is not None:
+        # Inside another locked view's request transactions, which commit after this
+        # returns: that view releases this lease once they have ended.
+        try:
+            response = _call(view, request, args, kwargs)
+        except BaseException:
+            _end(lease, True)
+            raise
+        if getattr(response, "streaming", False):
+            return _hand_over(lease, response)
+        enclosing.append(lease)
+        return cast(HttpResponseBase, response)
+    atomic_requests = [
+        alias for alias, settings in connections.settings.items() if settings.get("ATOMIC_REQUESTS")
+    ]
+    opened_outside = [alias for alias in connections.settings if _in_transaction(alias)]
+    if non_atomic is None or opened_outside:
+        # Transactions opened outside the lock: the request's, by Django where it does
+        # not see this view's mark (method_decorator on get(), a decorator without
+        # functools.wraps), or the caller's. Released at their commit (a rollback leaves
+        # the lease to run out), so the next holder never reads the writes' old state.
+        try:
+            response = _call(view, request, args, kwargs)
+        except BaseException:
+            _end(lease, True)
+            raise
+        if not opened_outside or getattr(response, "streaming", False):
+            return _hand_over(lease, response)
+        release = _ResponseRelease(lease)
+        for alias in opened_outside:
+            transaction.on_commit(release, using=alias, robust=True)
+        return cast(HttpResponseBase, response)
+    exempt = _exempt(request, non_atomic)
+    aliases = [alias for alias in atomic_requests if alias not in exempt]
+    inner: list[Lease] = []
+    token = _enclosing.set(inner) if aliases else None
+    try:
+        with ExitStack() as blocks:
+            for alias in aliases:
+                blocks.enter_context(transaction.atomic(using=alias))
+            response = _call(view, request, args, kwargs)
+            if aliases:
+                for held in (lease, *inner):
+                    _refuse_commit_unless_held(held)
+    except BaseException:
+        # Rolled back by now: released at once.
+        for held in reversed(inner):
+            _end(held, True)
+        _end(lease, True)
+        raise
+    finally:
+        if token is not None:
+            _enclosing.reset(token)
+    for held in reversed(inner):
+        _ResponseRelease(held)()  # committed: too late to refuse, a loss is only logged
+    return _hand_over(lease, response)
 
 
 def _refuse_commit_unless_held(lease: Lease) -> None:
     """Raise LockLost, so the request's writes roll back, unless the lease surely holds."""
+    if lease.count > 1:
+        return  # a re-entry: the holding it re-entered is the one that counts
     # The local deadline is counted from before the grant, so up to it the lease holds
     # by the database clock too; no statement is needed to know.
     if lease.lost or time.monotonic() >= lease._local_deadline:

@@ -656,6 +656,20 @@ class Entered:
         return lease
 
 
+def function_kind(func: Any) -> str | None:
+    """What calling ``func`` makes, when not its result: a coroutine or a generator.
+
+    Example::
+
+        function_kind(agen)  # 'async generator'
+    """
+    if inspect.iscoroutinefunction(func):
+        return "coroutine"
+    if inspect.isasyncgenfunction(func):
+        return "async generator"
+    return "generator" if inspect.isgeneratorfunction(func) else None
+
+
 class LockContext(Entered, ContextDecorator):
     """What :func:`lock` returns: a context manager (and decorator) that holds a lease."""
 
@@ -675,15 +689,7 @@ class LockContext(Entered, ContextDecorator):
     def __call__(self, func: F) -> F:
         # Calling one of these only makes a coroutine or generator: the lock would be
         # held for that, and released before the body ran.
-        kind = (
-            "coroutine"
-            if inspect.iscoroutinefunction(func)
-            else "async generator"
-            if inspect.isasyncgenfunction(func)
-            else "generator"
-            if inspect.isgeneratorfunction(func)
-            else None
-        )
+        kind = function_kind(func)
         if kind is not None:
             raise TypeError(
                 f"@locks.lock() on {getattr(func, '__qualname__', func)!r}, "

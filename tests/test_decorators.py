@@ -8,7 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 from unittest.mock import ANY
@@ -22,6 +22,7 @@ from django.db import connection, connections, transaction
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.test import AsyncClient, Client, RequestFactory, override_settings
+from django.urls import path
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.cache import cache_page
@@ -507,24 +508,146 @@ def test_under_atomic_requests_the_transaction_ends_inside_the_lease(
     assert "dropped unsent" not in caplog.text
 
 
-def _in_atomic(request: HttpRequest) -> HttpResponse:
+def _in_atomic(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
     return HttpResponse(str(connection.in_atomic_block))
+
+
+class InAtomicMixinView(LockViewMixin, View):
+    lock_key = "exempt"
+    lock_ttl = 30
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return _in_atomic(request)
+
+
+@method_decorator(lock_view("exempt", ttl=30), name="dispatch")
+class InAtomicDispatchView(View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return _in_atomic(request)
+
+
+@method_decorator(lock_view("exempt", ttl=30), name="dispatch")
+@method_decorator(transaction.non_atomic_requests, name="dispatch")
+class ExemptDispatchView(View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return _in_atomic(request)
+
+
+@method_decorator(transaction.non_atomic_requests, name="dispatch")
+class ExemptMixinView(InAtomicMixinView):
+    pass
+
+
+class LockedGetView(View):
+    @method_decorator(lock_view("exempt", ttl=30))
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return _in_atomic(request)
+
+
+def _no_wraps(view: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+_locked = lock_view("exempt", ttl=30)(_in_atomic)
+_inner_other_key = lock_view("exempt:inner", ttl=30)(_in_atomic)
+_non_atomic = transaction.non_atomic_requests
+urlpatterns = [
+    path("function/", _locked),
+    path("function/under/", lock_view("exempt", ttl=30)(_non_atomic(_in_atomic))),
+    path("function/over/", _non_atomic(lock_view("exempt", ttl=30)(_in_atomic))),
+    path("mixin/", InAtomicMixinView.as_view()),
+    path("mixin/dispatch/", ExemptMixinView.as_view()),
+    path("mixin/url/", _non_atomic(InAtomicMixinView.as_view())),
+    path("dispatch/", InAtomicDispatchView.as_view()),
+    path("dispatch/under/", ExemptDispatchView.as_view()),
+    # Django's own block outside the lock: released at its commit instead.
+    path("outside/get/", LockedGetView.as_view()),
+    path("outside/no-wraps/", _no_wraps(_locked)),
+    path("outside/atomic/", transaction.atomic(_locked)),
+    # Locked views inside a locked view's transaction: released after its commit.
+    path("nested/", lock_view("exempt", ttl=30)(lambda request: _inner_other_key(request))),
+    path("stacked/", lock_view("exempt", ttl=30)(_inner_other_key)),
+]
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
 @pytest.mark.usefixtures("atomic_requests", "locks_apart")
-def test_a_locked_view_exempt_from_atomic_requests_runs_without_a_transaction() -> None:
-    atomic = lock_view("exempt", ttl=30)(_in_atomic)
-    under = lock_view("exempt", ttl=30)(transaction.non_atomic_requests(_in_atomic))
-    over = transaction.non_atomic_requests(lock_view("exempt", ttl=30)(_in_atomic))
+@override_settings(ROOT_URLCONF=__name__)
+@pytest.mark.parametrize(
+    ("url", "atomic"),
+    [
+        ("function/", b"True"),
+        ("function/under/", b"False"),
+        ("function/over/", b"False"),
+        ("mixin/", b"True"),
+        ("mixin/dispatch/", b"False"),
+        ("mixin/url/", b"False"),
+        ("dispatch/", b"True"),
+        ("dispatch/under/", b"False"),
+    ],
+)
+def test_a_locked_view_exempt_from_atomic_requests_runs_without_a_transaction(
+    url: str, atomic: bytes
+) -> None:
+    response = handle(f"/{url}")
+    assert cast(HttpResponse, response).content == atomic
+    assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests", "locks_apart")
+@override_settings(ROOT_URLCONF=__name__)
+@pytest.mark.parametrize(
+    "url",
+    [
+        "function/",
+        "mixin/",
+        "dispatch/",
+        "outside/get/",
+        "outside/no-wraps/",
+        "outside/atomic/",
+        "nested/",
+        "stacked/",
+    ],
+)
+def test_under_atomic_requests_every_lease_outlasts_the_requests_transaction(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    released: list[tuple[str, bool]] = []
+    real_end = leases._end
+
+    def end(lease: locks.Lease, failing: bool) -> None:
+        # (the lock, whether a transaction of the request was still open)
+        released.append((lease.name, connection.in_atomic_block))
+        real_end(lease, failing)
+
+    monkeypatch.setattr(decorators, "_end", end)
+    response = handle(f"/{url}")
+    assert cast(HttpResponse, response).content == b"True"
+    assert released and all(not still_open for _, still_open in released), released
+    assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests", "locks_apart")
+def test_a_reentry_past_its_own_ttl_under_a_live_holding_commits() -> None:
+    @lock_view("reentered", ttl=0.3)
+    def inner(request: HttpRequest) -> HttpResponse:
+        time.sleep(0.5)
+        return HttpResponse("inner")
+
+    @lock_view("reentered", ttl=30)
+    def outer(request: HttpRequest) -> HttpResponse:
+        return inner(request)
+
     handler = BaseHandler()
     handler.load_middleware()
-    seen = [
-        cast(HttpResponse, handler.make_view_atomic(view)(RequestFactory().get("/"))).content
-        for view in (atomic, under, over)
-    ]
-    assert seen == [b"True", b"False", b"False"]
-    assert not locks.is_locked("exempt")
+    response = handler.make_view_atomic(outer)(RequestFactory().get("/"))
+    assert cast(HttpResponse, response).content == b"inner"
+    assert not locks.is_locked("reentered")
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])

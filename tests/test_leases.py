@@ -9,12 +9,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import cast
 
 import pytest
 from django.db import connections
 from django.test import override_settings
 
 import locks
+from locks.leases import LockContext
 from locks.models import Lock
 from tests.conftest import finish, spawn
 
@@ -403,67 +405,57 @@ def _in_thread(body: Callable[[], object]) -> list[object]:
     return outcome
 
 
-def test_a_block_ending_in_another_thread_never_releases_another_threads_holding() -> None:
-    guard = locks.lock("orders:shared", ttl=0.5, timeout=10)  # one object, several threads
-
-    def holding() -> Iterator[None]:
-        with guard:
-            yield
-
-    steps = holding()
-    next(steps)
-    time.sleep(0.8)  # the generator's lease runs out
+@contextmanager
+def _held_by_another_thread(guard: LockContext) -> Iterator[list[object]]:
+    """Another thread holds ``guard`` for the block; then it must have left it cleanly."""
     inside, leave = threading.Event(), threading.Event()
-    b_lease: list[locks.Lease] = []
+    outcome: list[object] = []
 
-    def b() -> str:
-        with guard as lease:  # another thread takes it over: a live holding
-            b_lease.append(lease)
+    def hold() -> str:
+        with guard as lease:
+            outcome.append(lease)
             inside.set()
             assert leave.wait(10)
         return "exited"
 
-    outcome: list[object] = []
-    thread_b = threading.Thread(target=lambda: outcome.extend(_in_thread(b)))
-    thread_b.start()
+    thread = threading.Thread(target=lambda: outcome.extend(_in_thread(hold)))
+    thread.start()
     assert inside.wait(10)
-    # The generator's block ends in a third thread: which of the object's leases is its
-    # own cannot be told there, so it releases none, and says so.
-    ended = _in_thread(lambda: next(steps, None))
-    assert len(ended) == 1 and isinstance(ended[0], locks.LockError), ended
-    assert Lock.objects.get(name="orders:shared").holder == b_lease[0].holder
-    leave.set()
-    thread_b.join(10)
-    assert outcome == ["exited"]
+    try:
+        yield outcome
+    finally:
+        leave.set()
+        thread.join(10)
+    assert outcome[1:] == ["exited"]
+
+
+def _generator_holding(guard: LockContext) -> Iterator[None]:
+    with guard:
+        yield
+
+
+def test_a_block_ending_in_another_thread_never_releases_another_threads_holding() -> None:
+    guard = locks.lock("orders:shared", ttl=0.5, timeout=10)  # one object, several threads
+    steps = _generator_holding(guard)
+    next(steps)
+    time.sleep(0.8)  # the generator's lease runs out
+    with _held_by_another_thread(guard) as other:  # taken over there: a live holding
+        # The generator's block ends in a third thread: which of the object's leases is
+        # its own cannot be told there, so it releases none, and says so.
+        ended = _in_thread(lambda: next(steps, None))
+        assert len(ended) == 1 and isinstance(ended[0], locks.LockError), ended
+        holder = cast(locks.Lease, other[0]).holder
+        assert Lock.objects.get(name="orders:shared").holder == holder
     assert not locks.is_locked("orders:shared")
 
 
 def test_blocks_of_one_shared_holder_ending_in_other_threads_each_give_back_one_entry() -> None:
     guard = locks.lock("orders:svc", ttl=30, holder="svc", timeout=0)
-
-    def holding() -> Iterator[None]:
-        with guard:
-            yield
-
-    steps = holding()
+    steps = _generator_holding(guard)
     next(steps)  # count 1
-    inside, leave = threading.Event(), threading.Event()
-
-    def b() -> str:
-        with guard:  # the same holder: a re-entry, count 2
-            inside.set()
-            assert leave.wait(10)
-        return "exited"
-
-    outcome: list[object] = []
-    thread_b = threading.Thread(target=lambda: outcome.extend(_in_thread(b)))
-    thread_b.start()
-    assert inside.wait(10)
-    assert _in_thread(lambda: next(steps, None)) == [None]
-    assert Lock.objects.get(name="orders:svc").count == 1
-    leave.set()
-    thread_b.join(10)
-    assert outcome == ["exited"]
+    with _held_by_another_thread(guard):  # the same holder: a re-entry, count 2
+        assert _in_thread(lambda: next(steps, None)) == [None]
+        assert Lock.objects.get(name="orders:svc").count == 1
     assert not locks.is_locked("orders:svc")
 
 
