@@ -25,7 +25,7 @@ from . import validation
 from .aio import _wait, run_sync, task_holder
 from .exceptions import LockBusy, LockLost
 from .keys import check_key_template, fit_name, lock_key
-from .leases import Lease, _alias, _end, _execute, _Request
+from .leases import RELEASED, Lease, _alias, _end, _execute, _Request
 
 logger = logging.getLogger("locks.decorators")
 V = TypeVar("V", bound=Callable[..., Any])
@@ -187,11 +187,16 @@ class ViewLock:
                 if callable(getattr(response, "render", None)) and not response.is_rendered:
                     response = await sync_to_async(response.render)()
                 # Whatever the view returned (None too, which Django then refuses), the
-                # lease is released or handed to the streaming content. No transaction of
-                # the request can be open here: Django refuses ATOMIC_REQUESTS for async
-                # views, and atomic() cannot span an await.
+                # lease is released or handed to the streaming content. Django refuses
+                # ATOMIC_REQUESTS for async views; but one called (async_to_sync) from a
+                # sync locked view writes in that view's transaction, which releases this
+                # lease after its commit.
                 if getattr(response, "streaming", False):
                     return _hand_over(lease, response)
+                enclosing = _enclosing.get()
+                if enclosing is not None:
+                    enclosing.append(lease)
+                    return cast(HttpResponseBase, response)
             except BaseException:
                 await asyncio.shield(run_sync(_end, lease, True))
                 raise
@@ -302,9 +307,8 @@ def _exempt(request: HttpRequest, non_atomic: Iterable[str]) -> set[str]:
     return {*iter(non_atomic), *iter(getattr(resolved, "_non_atomic_requests", ()))}
 
 
-def _in_transaction(alias: str) -> bool:
-    """Whether ``alias`` is in an atomic block other than a test case's own (never commits)."""
-    connection = connections[alias]
+def _in_transaction(connection: Any) -> bool:
+    """Whether ``connection`` is in an atomic block other than a test case's (never commits)."""
     return connection.in_atomic_block and any(
         not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks
     )
@@ -326,54 +330,32 @@ def _run_locked(
     lease: Lease,
     non_atomic: Iterable[str] | None,
 ) -> HttpResponseBase:
-    """Run the view under ``lease``; release it once the request's writes are committed."""
-    enclosing = _enclosing.get()
-    if enclosing is not None:
-        # Inside another locked view's request transactions, which commit after this
-        # returns: that view releases this lease once they have ended.
-        try:
-            response = _call(view, request, args, kwargs)
-        except BaseException:
-            _end(lease, True)
-            raise
-        if getattr(response, "streaming", False):
-            return _hand_over(lease, response)
-        enclosing.append(lease)
-        return cast(HttpResponseBase, response)
-    atomic_requests = [
-        alias for alias, settings in connections.settings.items() if settings.get("ATOMIC_REQUESTS")
-    ]
-    opened_outside = [alias for alias in connections.settings if _in_transaction(alias)]
-    if non_atomic is None or opened_outside:
-        # Transactions opened outside the lock: the request's, by Django where it does
-        # not see this view's mark (method_decorator on get(), a decorator without
-        # functools.wraps), or the caller's. Released at their commit (a rollback leaves
-        # the lease to run out), so the next holder never reads the writes' old state.
-        try:
-            response = _call(view, request, args, kwargs)
-        except BaseException:
-            _end(lease, True)
-            raise
-        if not opened_outside or getattr(response, "streaming", False):
-            return _hand_over(lease, response)
-        release = _ResponseRelease(lease)
-        for alias in opened_outside:
-            transaction.on_commit(release, using=alias, robust=True)
-        return cast(HttpResponseBase, response)
-    exempt = _exempt(request, non_atomic)
-    aliases = [alias for alias in atomic_requests if alias not in exempt]
-    inner: list[Lease] = []
-    token = _enclosing.set(inner) if aliases else None
+    """Run the view under ``lease``; release it once the view's writes are committed."""
+    # Transactions open around this call: an enclosing locked view's, Django's where it
+    # does not see this view's mark (method_decorator on get(), a decorator without
+    # functools.wraps), or the caller's. (A connection never built is in none.)
+    outside = [c.alias for c in connections.all(initialized_only=True) if _in_transaction(c)]
+    own: list[str] = []
+    if non_atomic is not None:
+        exempt = _exempt(request, non_atomic)
+        own = [
+            alias
+            for alias, settings in connections.settings.items()
+            if settings.get("ATOMIC_REQUESTS") and alias not in exempt and alias not in outside
+        ]
+    inner: list[Lease] = []  # locked views run inside this one's own transactions
+    token = _enclosing.set(inner) if own else None
     try:
         with ExitStack() as blocks:
-            for alias in aliases:
+            # In a transaction opened outside, a savepoint: a failing view's writes are
+            # rolled back before its lease is released.
+            for alias in (*outside, *own):
                 blocks.enter_context(transaction.atomic(using=alias))
             response = _call(view, request, args, kwargs)
-            if aliases:
+            if outside or own:
                 for held in (lease, *inner):
                     _refuse_commit_unless_held(held)
     except BaseException:
-        # Rolled back by now: released at once.
         for held in reversed(inner):
             _end(held, True)
         _end(lease, True)
@@ -383,13 +365,43 @@ def _run_locked(
             _enclosing.reset(token)
     for held in reversed(inner):
         _ResponseRelease(held)()  # committed: too late to refuse, a loss is only logged
-    return _hand_over(lease, response)
+    if not outside or getattr(response, "streaming", False):
+        return _hand_over(lease, response)
+    enclosing = _enclosing.get()
+    if enclosing is not None:
+        enclosing.append(lease)  # released by the enclosing locked view after its commit
+    else:
+        _release_after_commits(lease, outside)
+    return cast(HttpResponseBase, response)
+
+
+def _release_after_commits(lease: Lease, aliases: Sequence[str]) -> None:
+    """Release ``lease`` once the transactions open on ``aliases`` have all committed.
+
+    A rollback drops the callback: the lease then runs out at the end of its ttl.
+    """
+    release = _ResponseRelease(lease)
+    left = len(aliases)
+    mutex = threading.Lock()
+
+    def committed() -> None:
+        nonlocal left
+        with mutex:
+            left -= 1
+            last = left == 0
+        if last:
+            release()
+
+    for alias in aliases:
+        transaction.on_commit(committed, using=alias, robust=True)
 
 
 def _refuse_commit_unless_held(lease: Lease) -> None:
     """Raise LockLost, so the request's writes roll back, unless the lease surely holds."""
-    if lease.count > 1:
-        return  # a re-entry: the holding it re-entered is the one that counts
+    if lease._state == RELEASED or lease.count > 1:
+        # Released by the view itself (before slow work that needs no lock), or a
+        # re-entry, for which the holding it re-entered is the one that counts.
+        return
     # The local deadline is counted from before the grant, so up to it the lease holds
     # by the database clock too; no statement is needed to know.
     if lease.lost or time.monotonic() >= lease._local_deadline:

@@ -19,6 +19,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 from django.core.handlers.base import BaseHandler
 from django.db import connection, connections, transaction
+from django.db.models import F
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.test import AsyncClient, Client, RequestFactory, override_settings
@@ -798,3 +799,165 @@ def test_a_mixin_key_callable_is_a_method_or_a_staticmethod_as_documented(view: 
     response = view(RequestFactory().get("/"), pk=3)
     assert (response.status_code, response.content) == (200, b"mixin:3")
     assert not Lock.objects.exists()
+
+
+# --- transactions: views inside transactions opened outside the lock ------------------------
+
+
+def _atomic_view(view: Callable[..., Any]) -> Callable[..., Any]:
+    """``view`` as Django's handler wraps it for ATOMIC_REQUESTS."""
+    handler = BaseHandler()
+    handler.load_middleware()
+    return cast(Callable[..., Any], handler.make_view_atomic(view))
+
+
+@pytest.fixture
+def atomic_requests_everywhere(backend: str) -> Iterator[None]:
+    if backend == "sqlite":
+        pytest.skip(
+            "SQLite allows one writer per file: lock calls cannot run under "
+            "ATOMIC_REQUESTS on the locks database's own alias"
+        )
+    settings = [connections[alias].settings_dict for alias in ("default", "other")]
+    for one in settings:
+        one["ATOMIC_REQUESTS"] = True
+    try:
+        yield
+    finally:
+        for one in settings:
+            one["ATOMIC_REQUESTS"] = False
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests", "locks_apart")
+def test_a_view_that_released_its_lease_early_still_commits() -> None:
+    counter = Counter.objects.create(name="c")
+
+    @lock_view("early", ttl=0.3)
+    def view(request: HttpRequest) -> HttpResponse:
+        Counter.objects.filter(pk=counter.pk).update(value=F("value") + 1)
+        request.lock_lease.release()  # type: ignore[attr-defined]  # before slow work
+        time.sleep(0.5)
+        return HttpResponse("ok")
+
+    assert _atomic_view(view)(RequestFactory().get("/")).status_code == 200
+    assert Counter.objects.get(pk=counter.pk).value == 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests", "locks_apart")
+def test_an_inner_locked_view_that_fails_is_rolled_back_and_released_at_once() -> None:
+    counter = Counter.objects.create(name="c")
+    seen: dict[str, bool] = {}
+
+    @lock_view("inner", ttl=30)
+    def inner(request: HttpRequest) -> HttpResponse:
+        Counter.objects.filter(pk=counter.pk).update(value=F("value") + 10)
+        raise ValueError("inner failed after writing")
+
+    @lock_view("outer", ttl=30)
+    def outer(request: HttpRequest) -> HttpResponse:
+        Counter.objects.filter(pk=counter.pk).update(value=F("value") + 1)
+        with pytest.raises(ValueError):
+            inner(request)
+        seen["inner_held"] = locks.is_locked("inner")
+        return HttpResponse("ok")
+
+    assert _atomic_view(outer)(RequestFactory().get("/")).status_code == 200
+    # Its savepoint rolled back what it wrote: releasing it at once let nothing through.
+    assert seen == {"inner_held": False}
+    assert Counter.objects.get(pk=counter.pk).value == 1
+    assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests", "locks_apart")
+def test_an_async_locked_view_called_from_a_sync_one_is_released_after_its_commit() -> None:
+    from asgiref.sync import async_to_sync
+
+    counter = Counter.objects.create(name="c")
+    seen: dict[str, bool] = {}
+
+    @lock_view("ainner", ttl=30)
+    async def inner(request: HttpRequest) -> HttpResponse:
+        def write() -> bool:
+            Counter.objects.filter(pk=counter.pk).update(value=F("value") + 1)
+            return connection.in_atomic_block
+
+        seen["in_outer_transaction"] = await sync_to_async(write)()
+        return HttpResponse("inner")
+
+    @lock_view("aouter", ttl=30)
+    def outer(request: HttpRequest) -> HttpResponse:
+        async_to_sync(inner)(request)
+        seen["inner_held"] = locks.is_locked("ainner")
+        return HttpResponse("ok")
+
+    assert _atomic_view(outer)(RequestFactory().get("/")).status_code == 200
+    assert seen == {"in_outer_transaction": True, "inner_held": True}
+    assert not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("locks_apart")
+def test_under_the_callers_atomic_a_failing_view_is_rolled_back_and_released_at_once() -> None:
+    @lock_view("caller", ttl=30)
+    def view(request: HttpRequest) -> HttpResponse:
+        Counter.objects.create(name="written")
+        raise ValueError
+
+    with transaction.atomic():
+        with pytest.raises(ValueError):
+            view(RequestFactory().get("/"))
+        held = locks.is_locked("caller")
+    assert (held, Counter.objects.filter(name="written").exists()) == (False, False)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests_everywhere")
+def test_a_lease_under_transactions_opened_outside_on_two_aliases_outlasts_both(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    released: list[tuple[bool, bool]] = []
+    real_end = leases._end
+
+    def end(lease: locks.Lease, failing: bool) -> None:
+        released.append(
+            (connections["default"].in_atomic_block, connections["other"].in_atomic_block)
+        )
+        real_end(lease, failing)
+
+    monkeypatch.setattr(decorators, "_end", end)
+    assert _atomic_view(LockedGetView.as_view())(RequestFactory().get("/")).status_code == 200
+    assert released == [(False, False)]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests_everywhere")
+def test_the_callers_atomic_on_one_alias_leaves_atomic_requests_on_the_others() -> None:
+    seen: list[bool] = []
+
+    @lock_view("mixed", ttl=30)
+    def view(request: HttpRequest) -> HttpResponse:
+        seen.append(connections["other"].in_atomic_block)
+        return HttpResponse("ok")
+
+    _atomic_view(transaction.atomic(using="default")(view))(RequestFactory().get("/"))
+    assert seen == [True] and not Lock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_locked_view_builds_no_connection_of_an_alias_it_does_not_use() -> None:
+    out: dict[str, list[str]] = {}
+
+    def run() -> None:
+        out["before"] = sorted(c.alias for c in connections.all(initialized_only=True))
+        lock_view("plain", ttl=30)(lambda request: HttpResponse("ok"))(RequestFactory().get("/"))
+        out["after"] = sorted(c.alias for c in connections.all(initialized_only=True))
+        for used in connections.all(initialized_only=True):
+            used.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert out["after"] == out["before"], out
