@@ -364,7 +364,7 @@ def _run_locked(
         if token is not None:
             _enclosing.reset(token)
     for held in reversed(inner):
-        _ResponseRelease(held)()  # committed: too late to refuse, a loss is only logged
+        _release_done(held, "its transaction")
     if not outside or getattr(response, "streaming", False):
         return _hand_over(lease, response)
     enclosing = _enclosing.get()
@@ -380,7 +380,6 @@ def _release_after_commits(lease: Lease, aliases: Sequence[str]) -> None:
 
     A rollback drops the callback: the lease then runs out at the end of its ttl.
     """
-    release = _ResponseRelease(lease)
     left = len(aliases)
     mutex = threading.Lock()
 
@@ -390,7 +389,7 @@ def _release_after_commits(lease: Lease, aliases: Sequence[str]) -> None:
             left -= 1
             last = left == 0
         if last:
-            release()
+            _release_done(lease, "its transaction")
 
     for alias in aliases:
         transaction.on_commit(committed, using=alias, robust=True)
@@ -436,6 +435,25 @@ def _hand_over(lease: Lease, response: Any) -> HttpResponseBase:
     return streaming
 
 
+def _release_done(lease: Lease, after: str) -> None:
+    """Release a lease whose work is past recall (``after``: its response, its commit).
+
+    Too late to refuse anything: a lost lease, or a release that fails, is only logged
+    (Django's close() and robust on_commit callbacks would swallow the error unsaid).
+    """
+    try:
+        _end(lease, False)
+    except LockLost:
+        logger.error("lock %r was lost before %s ended", lease.name, after)
+    except Exception:
+        logger.warning(
+            "could not release lock %r after %s; it expires at the end of its ttl",
+            lease.name,
+            after,
+            exc_info=True,
+        )
+
+
 class _ResponseRelease:
     """Releases a lease handed to a streaming response, once, whoever comes first."""
 
@@ -452,18 +470,7 @@ class _ResponseRelease:
             return
         if self.finalizer is not None:
             self.finalizer.detach()
-        try:
-            _end(lease, False)
-        except LockLost:
-            # The response is already on its way: all we can do is say so.
-            logger.error("lock %r was lost before its response ended", lease.name)
-        except Exception:
-            # Django's close() swallows a closer's error without a word.
-            logger.warning(
-                "could not release lock %r after its response; it expires at the end of its ttl",
-                lease.name,
-                exc_info=True,
-            )
+        _release_done(lease, "its response")
 
     def when_dropped(self) -> None:
         if self._lease is None:
@@ -631,7 +638,7 @@ class LockViewMixin:
         if getattr(self, "view_is_async", False):
             return guard.arun(handler, request, args, kwargs)
         exempt = getattr(type(self).dispatch, "_non_atomic_requests", ())
-        return guard.run(handler, request, args, kwargs, non_atomic=set(iter(exempt)))
+        return guard.run(handler, request, args, kwargs, non_atomic=exempt)
 
     @classmethod
     def as_view(cls, **initkwargs: Any) -> Any:

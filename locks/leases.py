@@ -42,8 +42,8 @@ QUEUE_PATIENCE = 2.0
 
 #: The limit on a waiter's pause grows by this factor per attempt (each pause is drawn
 #: between half the limit and the limit). A waiter notices a release one pause late at
-#: worst; growing by half (not doubling) keeps that in proportion to the wait so far for a few
-#: more attempts before BACKOFF_MAX.
+#: worst; growing by half (not doubling) keeps that in proportion to the wait so far for
+#: a few more attempts before BACKOFF_MAX.
 BACKOFF_GROWTH = 1.5
 
 
@@ -367,8 +367,9 @@ class Lease:
         """
         return self._state == LOST
 
-    def _renew_interval(self) -> float:
-        return max(self.ttl * conf.RENEW_FRACTION, 0.001)
+    def _renew_interval(self, fraction: float | None = None) -> float:
+        """Seconds between renewals: ``fraction`` (default ``RENEW_FRACTION``) of the ttl."""
+        return max(self.ttl * (conf.RENEW_FRACTION if fraction is None else fraction), 0.001)
 
     def _stop_renewals(self) -> None:
         """Have the auto-renew watchdog leave this lease alone from now on.

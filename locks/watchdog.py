@@ -121,7 +121,7 @@ class Watchdog:
                 # RENEW_FRACTION was changed to a bad value since the grant: keep renewing
                 # at the default fraction (the system check reports the setting).
                 logger.warning("auto-renew of %r: %s", lease.name, exc)
-                delay = max(lease.ttl * DEFAULTS["RENEW_FRACTION"], 0.001)
+                delay = lease._renew_interval(DEFAULTS["RENEW_FRACTION"])
             self.watch(lease, delay)
 
 

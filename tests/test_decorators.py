@@ -598,6 +598,21 @@ def test_a_locked_view_exempt_from_atomic_requests_runs_without_a_transaction(
     assert not Lock.objects.exists()
 
 
+@pytest.fixture
+def releases(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, set[str]]]:
+    """Each lease lock_view releases: its name, and the aliases in a transaction then."""
+    seen: list[tuple[str, set[str]]] = []
+    real_end = leases._end
+
+    def end(lease: locks.Lease, failing: bool) -> None:
+        open_ = {alias for alias in ("default", "other") if connections[alias].in_atomic_block}
+        seen.append((lease.name, open_))
+        real_end(lease, failing)
+
+    monkeypatch.setattr(decorators, "_end", end)
+    return seen
+
+
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
 @pytest.mark.usefixtures("atomic_requests", "locks_apart")
 @override_settings(ROOT_URLCONF=__name__)
@@ -615,20 +630,11 @@ def test_a_locked_view_exempt_from_atomic_requests_runs_without_a_transaction(
     ],
 )
 def test_under_atomic_requests_every_lease_outlasts_the_requests_transaction(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    url: str, releases: list[tuple[str, set[str]]]
 ) -> None:
-    released: list[tuple[str, bool]] = []
-    real_end = leases._end
-
-    def end(lease: locks.Lease, failing: bool) -> None:
-        # (the lock, whether a transaction of the request was still open)
-        released.append((lease.name, connection.in_atomic_block))
-        real_end(lease, failing)
-
-    monkeypatch.setattr(decorators, "_end", end)
     response = handle(f"/{url}")
     assert cast(HttpResponse, response).content == b"True"
-    assert released and all(not still_open for _, still_open in released), released
+    assert releases and all("default" not in open_ for _, open_ in releases), releases
     assert not Lock.objects.exists()
 
 
@@ -916,20 +922,10 @@ def test_under_the_callers_atomic_a_failing_view_is_rolled_back_and_released_at_
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
 @pytest.mark.usefixtures("atomic_requests_everywhere")
 def test_a_lease_under_transactions_opened_outside_on_two_aliases_outlasts_both(
-    monkeypatch: pytest.MonkeyPatch,
+    releases: list[tuple[str, set[str]]],
 ) -> None:
-    released: list[tuple[bool, bool]] = []
-    real_end = leases._end
-
-    def end(lease: locks.Lease, failing: bool) -> None:
-        released.append(
-            (connections["default"].in_atomic_block, connections["other"].in_atomic_block)
-        )
-        real_end(lease, failing)
-
-    monkeypatch.setattr(decorators, "_end", end)
     assert _atomic_view(LockedGetView.as_view())(RequestFactory().get("/")).status_code == 200
-    assert released == [(False, False)]
+    assert releases == [("exempt", set())]
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
