@@ -238,6 +238,18 @@ class RowLockContext(ContextDecorator):
 
     def __call__(self, func: _F) -> _F:
         """Decorate ``func``: each call runs holding the row lock, in its own transaction."""
+        from .leases import function_kind
+
+        # Calling one of these only makes a coroutine or generator: the transaction, and
+        # the row lock with it, would end before the body ran, which then runs unlocked.
+        kind = function_kind(func)
+        if kind is not None:
+            raise TypeError(
+                f"@locks.row_lock({self.name!r}) on {getattr(func, '__qualname__', func)!r}, "
+                f"{'an' if kind[0] == 'a' else 'a'} {kind} function, would hold the row lock "
+                f"only while the call makes the {kind}, not while it runs: hold the row lock "
+                f"inside it (with locks.row_lock(...))"
+            )
         if self._wait.skip_locked:
             # A skipped lock is told to the block by ``None``; a decorated function never
             # sees it, and would run without the lock while another transaction holds it.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -232,6 +232,32 @@ def test_row_lock_with_skip_locked_refuses_to_decorate_before_any_query() -> Non
     assert not in_transaction()
     with guard as row:  # in a with block it is fine
         assert row is not None
+
+
+def test_row_lock_refuses_to_decorate_what_runs_after_the_call_returns() -> None:
+    # Calling these only makes a coroutine or generator: the transaction, and with it the
+    # row lock, would end before the body ran, which would then run without the lock.
+    async def coroutine() -> None: ...
+
+    async def async_generator() -> AsyncIterator[int]:
+        yield 1
+
+    def generator() -> Iterator[int]:
+        yield 1
+
+    for function, kind in [
+        (coroutine, "a coroutine"),
+        (async_generator, "an async generator"),
+        (generator, "a generator"),
+    ]:
+        with (
+            CaptureQueriesContext(connection) as queries,
+            pytest.raises(TypeError, match=f"{kind} function.*hold the row lock inside"),
+        ):
+            locks.row_lock("orders:21")(function)
+        assert len(queries) == 0
+    assert not in_transaction()
+    assert not RowLock.objects.exists()
 
 
 def test_taking_an_existing_row_lock_is_one_statement(
