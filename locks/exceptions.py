@@ -79,7 +79,12 @@ class DuplicateTask(LockBusy):
             messages.info(request, f"already running as {exc.task_id}")
     """
 
-    def __init__(self, message: str, *, name: str, task_id: str | None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, name: str, task_id: str | None) -> None:
+        # All three in args: pickle, copy and Celery's result backends (which store an
+        # exception's args, then call the class with them) rebuild it from args alone.
+        super().__init__(message, name, task_id)
         self.name = name
         self.task_id = task_id
+
+    def __str__(self) -> str:
+        return str(self.args[0])

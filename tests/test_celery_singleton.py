@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy as copy_module
 import logging
+import pickle
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -342,6 +344,27 @@ def test_enqueue_under_the_task_id_of_a_queued_run_is_a_duplicate(app: Celery) -
     assert (caught.value.task_id, caught.value.name) == ("inv-7", raising.lock_name((7,)))
     assert queued(app) == 2
     assert Lock.objects.get(holder="inv-7").count == 1
+
+
+@pytest.mark.parametrize("serializer", ["json", "pickle"])
+def test_duplicate_task_survives_a_result_backend_pickling_and_copying(serializer: str) -> None:
+    # A run that enqueues another singleton run and lets DuplicateTask out fails with it:
+    # the result backend stores it, and whoever waits for the result must get it back
+    # whole, to be caught as locks.DuplicateTask, as any process that pickles it must.
+    app = Celery("tests", set_as_current=False)
+    app.conf.update(
+        result_backend="cache+memory://",
+        result_serializer=serializer,
+        result_accept_content=[serializer],
+    )
+    error = locks.DuplicateTask("already queued as t-1", name="invoice:42", task_id="t-1")
+    # The in-memory cache is the process's: one result id per serializer.
+    app.backend.mark_as_failure(f"t-2-{serializer}", error)
+    stored = app.AsyncResult(f"t-2-{serializer}").result
+    for again in (stored, pickle.loads(pickle.dumps(error)), copy_module.copy(error)):
+        assert isinstance(again, locks.DuplicateTask)
+        assert (str(again), again.name, again.task_id) == (str(error), "invoice:42", "t-1")
+    app.close()
 
 
 def revoke(task: SingletonTask, task_id: str, key: str, signum: int | None = None) -> None:
