@@ -56,8 +56,10 @@ _SECONDS = "a number of seconds (or a timedelta)"
 #: The rules themselves are the validators the ``Settings`` properties call.
 VALID: dict[str, str] = {
     "DEFAULT_TTL": f"{_SECONDS} from {validation.MIN_TTL} to {validation.MAX_TTL:.0f} (a year)",
-    "BACKOFF_MIN": f"{_SECONDS} above 0, finite, and at most BACKOFF_MAX",
-    "BACKOFF_MAX": f"{_SECONDS} above 0, finite, and at least BACKOFF_MIN",
+    "BACKOFF_MIN": f"{_SECONDS} above 0, at most {validation.MAX_TIMEOUT:.0f} (a year), "
+    "and at most BACKOFF_MAX",
+    "BACKOFF_MAX": f"{_SECONDS} above 0, at most {validation.MAX_TIMEOUT:.0f} (a year), "
+    "and at least BACKOFF_MIN",
     "TRANSIENT_RETRIES": "an int, 0 or more",
     "REAP_BATCH_SIZE": f"an int from 1 to {validation.MAX_BATCH_SIZE}",
     "REAP_TIME_BUDGET": f"None (no limit) or {_SECONDS} from 0 to "

@@ -175,7 +175,7 @@ def check_count(value: Any, what: str) -> int:
 
 
 def pause_seconds(pause: Any) -> float:
-    """Return a validated pause between attempts: a positive, finite number of seconds.
+    """Return a validated pause between attempts: positive seconds, up to a year.
 
     Example::
 
@@ -185,6 +185,10 @@ def pause_seconds(pause: Any) -> float:
     # Written so that NaN fails too.
     if not 0 < seconds < math.inf:
         raise ValueError(f"pause must be a positive, finite number of seconds, not {pause!r}")
+    # A waiter sleeps up to this long: past a few centuries time.sleep() raises
+    # OverflowError, in the middle of an acquire.
+    if seconds > MAX_TIMEOUT:
+        raise ValueError(f"pause of {pause!r} seconds is absurd; the limit is a year")
     return seconds
 
 

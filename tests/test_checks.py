@@ -75,8 +75,9 @@ BAD_VALUES: dict[str, list[Any]] = {
     "TASK_LOCK_TTL": [*NOT_SECONDS, INF, 0, 0.0005, 10**9, 10**400],
     # None and inf mean "no limit" here.
     "REAP_TIME_BUDGET": [True, False, NAN, -INF, -1, "30", [1], 10**9],
-    "BACKOFF_MIN": [*NOT_SECONDS, INF, 0, -0.0, 10**400],
-    "BACKOFF_MAX": [*NOT_SECONDS, INF, 0, -0.0, 10**400],
+    # Over a year: a pause time.sleep() cannot take (OverflowError) comes soon after.
+    "BACKOFF_MIN": [*NOT_SECONDS, INF, 0, -0.0, 10**400, 1e11, timedelta(days=367)],
+    "BACKOFF_MAX": [*NOT_SECONDS, INF, 0, -0.0, 10**400, 1e11, timedelta(days=367)],
     "TRANSIENT_RETRIES": [True, False, -1, 1.0, 2.5, NAN, INF, "8", None],
     "REAP_BATCH_SIZE": [True, False, 0, -1, 1_000_001, 1000.0, NAN, INF, "1000", None],
     "RENEW_FRACTION": [True, False, 0, 1, 0.0, 1.0, -0.5, 1.5, NAN, INF, -INF, "0.3", None],
@@ -86,7 +87,7 @@ GOOD_VALUES: dict[str, list[Any]] = {
     "TASK_LOCK_TTL": [0.001, 3600, timedelta(hours=2)],
     "REAP_TIME_BUDGET": [None, INF, 0, 30, timedelta(seconds=5)],
     "BACKOFF_MIN": [1e-6, 0.25],
-    "BACKOFF_MAX": [0.002, 60],
+    "BACKOFF_MAX": [0.002, 60, 366 * 24 * 3600],
     "TRANSIENT_RETRIES": [0, 100],
     "REAP_BATCH_SIZE": [1, 1_000_000],
     "RENEW_FRACTION": [0.001, 0.5, 0.999],
