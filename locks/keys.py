@@ -55,7 +55,8 @@ def check_key_template(template: Any) -> str:
     """Return ``template`` if it can make collision-free lock names, else raise.
 
     Raises ``TypeError``/``ValueError`` for a non-string, empty or NUL-containing
-    template, broken braces, nested fields, or two fields not separated by a character
+    template, broken braces, nested fields, an unknown conversion (``!z``), automatic and
+    numbered fields mixed (``{}`` with ``{0}``), or two fields not separated by a character
     other than a letter, digit or "%" (``"{a}{b}"`` would make "1"+"23" = "12"+"3").
 
     Example::
@@ -71,7 +72,20 @@ def check_key_template(template: Any) -> str:
     except UnicodeEncodeError as exc:
         raise ValueError(f"lock_view key template is not valid Unicode text: {template!r}") from exc
     previous: str | None = None
-    for literal, field, spec, _conversion in _formatter.parse(template):
+    numbering: set[bool] = set()  # whether fields count automatically ({}) or by position
+    for literal, field, spec, conversion in _formatter.parse(template):
+        # Refused here, not by format() at every request the view gets.
+        if conversion not in (None, "r", "s", "a"):
+            raise ValueError(f"lock_view key {template!r}: unknown conversion !{conversion}")
+        if field is not None:
+            first = field.split(".", 1)[0].split("[", 1)[0]
+            if first == "" or first.isdigit():
+                numbering.add(first == "")
+            if len(numbering) == 2:
+                raise ValueError(
+                    f"lock_view key {template!r}: automatic ({{}}) and numbered ({{0}}) "
+                    "fields cannot be mixed"
+                )
         if previous is not None and field is not None and ENCODED.issuperset(literal):
             raise ValueError(
                 f"lock_view key {template!r}: fields {{{previous}}} and {{{field or ''}}} "

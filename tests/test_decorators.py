@@ -123,6 +123,10 @@ def test_long_keys_are_hashed_to_fit_and_keep_a_readable_prefix() -> None:
         ("a\x00{b}", ValueError),
         ("{a:{b}}", ValueError),
         ("doc:\ud800{a}", ValueError),  # a lone surrogate: no text a database can store
+        # What format() refuses only once it fills the key, at every request (a 500).
+        ("doc:{a!z}", ValueError),  # no such conversion
+        ("doc:{}:{0}", ValueError),  # automatic and manual field numbering mixed
+        ("doc:{0.pk}:{}", ValueError),
         (42, TypeError),
     ],
 )
