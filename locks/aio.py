@@ -179,11 +179,14 @@ class _LoopEvent:
 
 async def _wait(request: _Request, timeout: float | None) -> Lease:
     deadline = None if timeout is None else time.monotonic() + timeout
+    # Read before the first attempt, as a sync acquire does: a bad NOTIFY setting fails
+    # here, before any grant, not only once a wait is needed.
+    notified = notifies(connections[request.using])
     lease = await _attempt(request.attempt)
     if lease is not None:
         return lease
     request._time_left(deadline, timeout)  # with timeout=0, that one attempt was all
-    if notifies(connections[request.using]):
+    if notified:
         return await _wait_notified(request, timeout, deadline)
     for attempt in itertools.count():
         await asyncio.sleep(min(_backoff(attempt), request._time_left(deadline, timeout)))

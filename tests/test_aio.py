@@ -27,7 +27,7 @@ from locks.aio import run_sync, task_holder
 from locks.identity import default_holder
 from locks.models import Lock
 from tests import pgbouncer
-from tests.conftest import ROOT, finish, spawn, worker_env
+from tests.conftest import BACKEND, ROOT, finish, spawn, worker_env
 from tests.faults import hold_write_lock
 from tests.test_decorators import OTHER, http, wait_until
 
@@ -46,6 +46,23 @@ def test_aacquire_and_arelease() -> None:
     lease, locked_inside = asyncio.run(main())
     assert locked_inside and not lease.held
     assert not locks.is_locked("aio:one")
+
+
+@pytest.mark.skipif(BACKEND != "postgresql", reason="NOTIFY is read only on PostgreSQL")
+@override_settings(LOCKS={"NOTIFY": "yes"})
+def test_a_bad_notify_setting_fails_an_async_acquire_before_any_grant_as_a_sync_one() -> None:
+    # As locks.acquire(): the setting is read before the first attempt, not only once a
+    # wait is needed, so a free lock is not taken under a bad setting either.
+    calls: list[Callable[[], Coroutine[Any, Any, Any]]] = [
+        lambda: locks.aacquire("orders:1", timeout=1),
+        lambda: locks.alock("orders:1", timeout=1).__aenter__(),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match=r"LOCKS\['NOTIFY'\]"):
+            asyncio.run(call())
+        assert not Lock.objects.exists()
+    with pytest.raises(TypeError, match=r"LOCKS\['NOTIFY'\]"):
+        locks.acquire("orders:1", timeout=1)
 
 
 def test_tasks_on_one_loop_exclude_each_other_and_one_task_reenters() -> None:
