@@ -552,6 +552,13 @@ def _release_revoked(sender: Any = None, request: Any = None, **signal_info: Any
             "task %s[%s] was revoked, but freeing lock %r failed", sender.name, task_id, key
         )
         return
+    finally:
+        # The main process runs no task, so no task_prerun/postrun looks after its lock
+        # connection: kept open, a session the server ended while the worker idled (a
+        # restart, a failover, wait_timeout) failed the next revoke's release, and that
+        # key stayed held for lock_ttl. Closed when Django would close its own (at once
+        # with CONN_MAX_AGE = 0; else checked before its next use, CONN_HEALTH_CHECKS).
+        connection.close_old()
     if released:
         logger.info("task %s[%s] was revoked: released lock %r", sender.name, task_id, key)
     else:

@@ -35,6 +35,8 @@ from tests.app.models import CeleryRun
 from tests.celery_app import make_app
 from tests.celery_support import singleton, unique_queue
 from tests.conftest import BACKEND
+from tests.faults import kill_session, other_sessions
+from tests.workers_reliability import SESSION_ID
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -654,6 +656,35 @@ def test_a_run_whose_lock_connection_idled_past_wait_timeout_frees_its_key(app: 
     with pytest.raises(DatabaseOperationalError):
         run_message(task, sent.id, 1)
     assert_key_free_after_failed_run(task, sent.id)
+
+
+@pytest.mark.skipif(
+    BACKEND == "sqlite" or pgbouncer.ENABLED,
+    reason="ends a server session of the app's own: PostgreSQL and MariaDB",
+)
+def test_a_revoke_after_the_main_process_lock_connection_ended_frees_its_key(
+    app: Celery,
+) -> None:
+    # task_revoked runs in the worker's main process, which runs no task: no prerun or
+    # postrun closes its lock connection. A first revoke opens it; the server ends it
+    # while the worker idles (a restart, a failover, wait_timeout); then a second revoke.
+    task = make_task(app, "t.revoked-idle", lock_ttl=3600)
+    first, second = task.delay(1), task.delay(2)
+    revoke(task, first.id, task.lock_name((1,)))
+    assert not Lock.objects.filter(holder=first.id).exists()
+    own = locks.connection.get(conf.DATABASE)
+    if own.connection is not None:  # still open after the first revoke: end its session
+        with own.cursor() as cursor:
+            cursor.execute(SESSION_ID[own.vendor])
+            (session,) = cursor.fetchone()
+        kill_session(session)
+        deadline = time.monotonic() + 10
+        while session in other_sessions():
+            assert time.monotonic() < deadline, "the session did not end"
+            time.sleep(0.05)
+    revoke(task, second.id, task.lock_name((2,)))
+    held = Lock.objects.filter(holder=second.id).values_list("expires_at", flat=True).first()
+    assert held is None, f"the revoked {second.id} keeps its key until {held}"
 
 
 @pytest.mark.parametrize(
