@@ -72,7 +72,14 @@ class Listener:
                     daemon=True,
                 )
                 self._thread.start()
-        self.wait_listening(wait)
+        try:
+            self.wait_listening(wait)
+        except BaseException:
+            # Interrupted in the wait (a signal handler's exception, a soft time limit): the
+            # caller never gets the event to unsubscribe, and a subscription left behind
+            # would keep the listener (its thread, its connection) for good.
+            self.unsubscribe(name, event)
+            raise
         return event
 
     def wait_listening(self, timeout: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -124,6 +125,39 @@ def test_a_listener_that_cannot_connect_delays_no_waiter_past_its_timeout_and_th
     deadline = time.monotonic() + 5
     while any(t.name.startswith("locks-listener") for t in threading.enumerate()):
         assert time.monotonic() < deadline, "the listener kept retrying with no waiter"
+        time.sleep(0.05)
+
+
+class Interrupted(Exception):
+    """What a signal handler raises in the middle of a call (as a soft time limit does)."""
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted
+
+
+@pytest.mark.usefixtures("listening")
+def test_a_waiter_interrupted_while_the_listener_connects_leaves_no_subscription(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    locks.acquire("orders:1", holder="first")
+    # The listener cannot connect (as in the test above), so a new waiter waits up to
+    # LISTEN_WAIT_SECONDS for it: a soft time limit, say, strikes during that wait.
+    monkeypatch.setitem(connections.settings["default"], "PORT", "1")
+    monkeypatch.setattr(waiting, "IDLE_SECONDS", 0.2)
+    previous = signal.signal(signal.SIGALRM, _raise_interrupted)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(Interrupted):
+            locks.acquire("orders:1", holder="second", timeout=30)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    # Nobody waits any more: nothing keeps the listener (its thread, its connection).
+    assert not waiting.listener("default")._waiters
+    deadline = time.monotonic() + 5
+    while any(t.name.startswith("locks-listener") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the interrupted waiter kept the listener"
         time.sleep(0.05)
 
 
