@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
 import itertools
 import logging
 import threading
@@ -25,7 +24,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from django.db import connections
 
 from . import connection, validation, waiting
@@ -292,18 +291,9 @@ class AsyncLockContext(Entered, AbstractAsyncContextManager[Lease], AsyncContext
         # coroutine function would take the lock and then fail (an async generator is not
         # awaitable) or run a plain function's body on the event loop. Refused here, at
         # decoration time, as @locks.lock() refuses generator functions.
-        target = (
-            func.__func__  # what it wraps: the decorated function is called as such
-            if isinstance(func, staticmethod)
-            else func
-            if inspect.isroutine(func) or isinstance(func, functools.partial | type)
-            else type(func).__call__  # an object with an async __call__
-        )
-        # Asked of the object first: some mark themselves (AsyncMock, asgiref's
-        # markcoroutinefunction) rather than their __call__.
-        if not iscoroutinefunction(func) and not iscoroutinefunction(target):
+        kind = function_kind(func)
+        if kind != "coroutine":
             name = getattr(func, "__qualname__", func)
-            kind = function_kind(target)
             if kind is not None:
                 raise TypeError(
                     f"@locks.alock() on {name!r}, {'an' if kind[0] == 'a' else 'a'} {kind} "

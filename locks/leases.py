@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
@@ -18,6 +19,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from asgiref.sync import iscoroutinefunction
 from django.db import DatabaseError
 
 from . import connection, validation, waiting, watchdog
@@ -657,18 +659,40 @@ class Entered:
         return lease
 
 
+def call_target(func: Any) -> Any:
+    """What runs when ``func`` is called: a staticmethod's function, an object's ``__call__``.
+
+    Example::
+
+        call_target(staticmethod(job)) is job  # True
+    """
+    if isinstance(func, staticmethod):
+        return func.__func__
+    if callable(func) and not (
+        inspect.isroutine(func) or isinstance(func, functools.partial | type)
+    ):
+        return type(func).__call__
+    return func
+
+
 def function_kind(func: Any) -> str | None:
     """What calling ``func`` makes, when not its result: a coroutine or a generator.
+
+    Looks through a staticmethod and an object's ``__call__``, which decorators otherwise
+    take for plain functions and hold their lock around the making only.
 
     Example::
 
         function_kind(agen)  # 'async generator'
     """
-    if inspect.iscoroutinefunction(func):
+    target = call_target(func)
+    # Asked of the object first: some mark themselves (AsyncMock, asgiref's
+    # markcoroutinefunction) rather than their __call__.
+    if iscoroutinefunction(func) or iscoroutinefunction(target):
         return "coroutine"
-    if inspect.isasyncgenfunction(func):
+    if inspect.isasyncgenfunction(target):
         return "async generator"
-    return "generator" if inspect.isgeneratorfunction(func) else None
+    return "generator" if inspect.isgeneratorfunction(target) else None
 
 
 class LockContext(Entered, ContextDecorator):

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from django.db import connections
@@ -489,6 +489,40 @@ def test_lock_refuses_to_decorate_what_runs_after_the_call_returns() -> None:
         with pytest.raises(TypeError, match=f"{kind} function.*locks.alock"):
             locks.lock("orders:1")(function)
     assert not Lock.objects.exists()
+
+
+class AsyncCallable:
+    async def __call__(self) -> None: ...
+
+
+class GeneratingCallable:
+    def __call__(self) -> Iterator[int]:
+        yield 1
+
+
+async def coroutine_function() -> None: ...
+
+
+def test_lock_looks_through_callable_objects_and_staticmethods_when_refusing() -> None:
+    # Called, each only makes a coroutine or generator, as a function of that kind does.
+    cases: list[tuple[Callable[..., Any], str]] = [
+        (AsyncCallable(), "a coroutine"),
+        (GeneratingCallable(), "a generator"),
+        (staticmethod(coroutine_function), "a coroutine"),
+    ]
+    for function, kind in cases:
+        with pytest.raises(TypeError, match=f"{kind} function.*locks.alock"):
+            locks.lock("orders:1")(function)
+    assert not Lock.objects.exists()
+    # A plain callable object is decorated, and runs under the lock.
+    seen: list[bool] = []
+
+    class Plain:
+        def __call__(self) -> None:
+            seen.append(locks.is_locked("orders:1"))
+
+    locks.lock("orders:1")(Plain())()
+    assert seen == [True]
 
 
 def test_a_decorated_function_excludes_its_own_calls_in_other_threads() -> None:

@@ -21,6 +21,7 @@ from locks.conf import conf
 from locks.models import RowLock
 from tests.app.models import Counter, Item
 from tests.remote import Remote, remotes
+from tests.test_leases import AsyncCallable, GeneratingCallable
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -256,6 +257,13 @@ def test_row_lock_refuses_to_decorate_what_runs_after_the_call_returns() -> None
         ):
             locks.row_lock("orders:21")(function)
         assert len(queries) == 0
+    objects: list[tuple[Callable[..., Any], str]] = [
+        (AsyncCallable(), "a coroutine"),
+        (GeneratingCallable(), "a generator"),
+    ]
+    for obj, kind in objects:
+        with pytest.raises(TypeError, match=f"{kind} function.*hold the row lock inside"):
+            locks.row_lock("orders:21")(obj)
     assert not in_transaction()
     assert not RowLock.objects.exists()
 
