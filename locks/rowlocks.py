@@ -101,12 +101,18 @@ def _exit(atomic: transaction.Atomic, failing: bool) -> None:
         atomic.__exit__(None, None, None)
 
 
+class _SnapshotTooOld(LockError):
+    """The row exists, but the transaction's snapshot predates it (PostgreSQL REPEATABLE
+    READ or SERIALIZABLE): a transaction started after it was created can lock it."""
+
+
 def _select_or_create(
     connection: BaseDatabaseWrapper, backend: Backend, alias: str, name: str, wait: _Wait
 ) -> bool:
     """Lock the row of ``name`` in the open transaction, creating the row if needed."""
     from .leases import _execute
 
+    created_here = False
     with connection.cursor() as cursor:
         for _ in range(_ATTEMPTS):
             if backend.select_row_lock(
@@ -127,9 +133,13 @@ def _select_or_create(
             created = _execute(
                 alias, "create", name, lambda other, own: other.insert_row_lock(own, name)
             )
-            if not created and wait.skip_locked:
-                return False  # it existed, yet SKIP LOCKED passed it over: it is held
-    raise LockError(
+            if created:
+                created_here = True
+            elif wait.skip_locked and (not created_here or backend.sees_row_lock(cursor, name)):
+                # It existed, yet SKIP LOCKED passed it over: it is held. (A row created
+                # by this call and passed over may instead be newer than the snapshot.)
+                return False
+    raise _SnapshotTooOld(
         f"row lock {name!r} on database {alias!r}: its row exists but this transaction cannot "
         "see it, because the transaction's snapshot is older than the row (REPEATABLE READ or "
         "SERIALIZABLE). Use READ COMMITTED, or take the row lock once before such a "
@@ -191,9 +201,19 @@ def _take(name: str, wait: _Wait, alias: str) -> transaction.Atomic | None:
     retries = conf.TRANSIENT_RETRIES if ours else 0
     deadline = None if wait.timeout is None else time.monotonic() + wait.timeout
     requested = wait
+    fresh_snapshot = ours
     for attempt in itertools.count():
         try:
             return take(connection, backend, alias, name, wait)
+        except _SnapshotTooOld:
+            if not fresh_snapshot:
+                raise
+            # Our own transaction took its snapshot with the SELECT that found no row,
+            # before the row was created: a new transaction sees it (once is enough).
+            fresh_snapshot = False
+            if deadline is not None:
+                wait = replace(wait, timeout=max(deadline - time.monotonic(), 0.001))
+            continue
         except DatabaseError as exc:
             if backend.is_lock_busy(exc):
                 raise requested.busy(f"row lock {name!r}", alias, backend) from exc

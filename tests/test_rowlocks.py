@@ -543,6 +543,39 @@ def test_a_row_created_after_a_repeatable_read_snapshot(start: Callable[..., Rem
                 assert row is not None
 
 
+@pytest.fixture
+def repeatable_read() -> Iterator[None]:
+    """Django's connection runs its transactions under REPEATABLE READ, as with the alias's
+    ``OPTIONS["isolation_level"]`` (and MariaDB's own default)."""
+    statement = {
+        "postgresql": "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {}",
+        "mysql": "SET SESSION TRANSACTION ISOLATION LEVEL {}",
+    }[connection.vendor]
+    with connection.cursor() as cursor:
+        cursor.execute(statement.format("REPEATABLE READ"))
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(statement.format("READ COMMITTED"))
+
+
+@NEEDS_ROW_LOCKS
+def test_a_row_lock_opening_its_own_transaction_takes_a_new_name_under_repeatable_read(
+    repeatable_read: None,
+) -> None:
+    # The block's transaction is the row lock's own: a snapshot taken before the row was
+    # created is its own doing, and a fresh transaction sees the row.
+    with locks.row_lock("fresh:rr") as row:
+        assert row is not None and row.name == "fresh:rr"
+        assert in_transaction()
+    assert not in_transaction()
+    assert RowLock.objects.filter(name="fresh:rr").exists()
+    # Nobody holds it: SKIP LOCKED must not take the unseen new row for a held one.
+    with locks.row_lock("fresh:rr:skip", skip_locked=True) as row:
+        assert row is not None and row.name == "fresh:rr:skip"
+
+
 @pytest.mark.skipif(
     BACKEND.has_row_locks, reason="transaction modes (deferred, immediate) are SQLite's"
 )

@@ -299,6 +299,11 @@ class Backend:
         cursor.execute(f"SELECT name FROM locks_rowlock WHERE name = %s FOR UPDATE{suffix}", [name])
         return cursor.fetchone() is not None
 
+    def sees_row_lock(self, cursor: Cursor, name: str) -> bool:
+        """Whether the current transaction sees the row of ``name`` (a read, no lock)."""
+        cursor.execute("SELECT 1 FROM locks_rowlock WHERE name = %s", [name])
+        return cursor.fetchone() is not None
+
     def insert_row_lock(self, cursor: Cursor, name: str, *, nowait: bool = False) -> bool:
         """Create the row of ``name`` unless it exists; True if this statement created it.
 
