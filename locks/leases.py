@@ -90,6 +90,11 @@ def _execute(alias: str, what: str, name: str, operation: Callable[[Backend, Cur
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _shortfall(alias: str) -> float:
+    """How much earlier than sent + ttl a lease on ``alias`` may expire (its clock's tick)."""
+    return for_connection(connection.get(alias)).expiry_shortfall
+
+
 def notifies(wrapper: BaseDatabaseWrapper) -> bool:
     """Whether blocked acquires on this connection's database wait for release notifications."""
     return for_connection(wrapper).supports_notify and conf.notify(wrapper.settings_dict)
@@ -175,7 +180,7 @@ class _Request:
             ttl=self.ttl,
             using=self.using,
             note=self.note,
-            local_deadline=started + self.ttl,
+            local_deadline=started + self.ttl - _shortfall(self.using),
         )
         logger.debug("acquired %r (token %s, count %s)", self.name, grant.token, grant.count)
         if self.auto_renew:
@@ -436,7 +441,8 @@ class Lease:
                 self._state = LOST
                 raise self._lost_error("it expired, was taken over, broken or reaped")
             self.expires_at = expires_at
-            self._local_deadline = max(self._local_deadline, started + seconds)
+            deadline = started + seconds - _shortfall(self.using)
+            self._local_deadline = max(self._local_deadline, deadline)
 
     def release(self, *, entirely: bool = False) -> None:
         """Release the lease (one re-entry of it; with ``entirely=True``, the whole holding).

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
@@ -163,6 +163,23 @@ def test_renew_extends_the_lease_by_the_database_clock() -> None:
     lease.renew()  # its own TTL (0.5 s) is shorter than what is left: never shortens
     assert row("orders:1").expires_at == lease.expires_at  # type: ignore[union-attr]
     lease.release()
+
+
+def test_the_local_deadline_of_a_lease_never_outlasts_its_row(backend: str) -> None:
+    # lock_view commits a request's writes without a statement while the local deadline
+    # has not passed: it must never be later than the row's expiry. The servers here run
+    # on this machine, so their clock is ours (and SQLite's is ours anyway).
+    def wall(deadline: float) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=deadline - time.monotonic())
+
+    slack = timedelta(microseconds=100)  # reading the two clocks one after the other
+    for i in range(20):
+        # A ttl between SQLite's milliseconds: the modifier rounds it down.
+        lease = locks.acquire(f"deadline:{i}", ttl=30.0014)
+        assert wall(lease._local_deadline) <= lease.expires_at + slack, backend
+        lease.renew(ttl=60.0014)
+        assert wall(lease._local_deadline) <= lease.expires_at + slack, backend
+        lease.release()
 
 
 def test_renew_after_expiry_raises_lock_lost_even_if_nobody_took_over() -> None:

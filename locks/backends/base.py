@@ -76,6 +76,10 @@ class Backend:
     #: SQL expression for the database server's current time, as stored in the table
     #: (written for a parametrised query: a literal "%" is "%%").
     NOW = ""
+    #: Seconds by which an expiry written for ``ttl`` may fall short of the server's time
+    #: when the statement arrived plus ``ttl`` (a coarse clock, a rounded ttl): the local
+    #: deadline of a lease is kept this much earlier, so it never outlasts the row's.
+    expiry_shortfall = 0.0
     #: Whether row locks (SELECT ... FOR UPDATE) exist on this database.
     has_row_locks = True
     #: Whether blocked acquires can be woken by the server when a lock is released.

@@ -109,6 +109,9 @@ class SQLiteBackend(Backend):
     RELEASE_REENTRY = RELEASE_REENTRY
     REAP = REAP
     has_row_locks = False
+    # 'now' is truncated to the millisecond (up to 1 ms early), and the ttl modifier is
+    # rounded to one (up to 0.5 ms short).
+    expiry_shortfall = 0.0015
 
     def acquire(
         self,
