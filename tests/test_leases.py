@@ -198,6 +198,39 @@ def test_release_after_expiry_raises_lock_lost_and_removes_the_row() -> None:
     assert row("orders:1") is None
 
 
+@pytest.mark.parametrize("first", ["inner", "outer"])
+def test_releases_of_an_expired_reentered_holding_raise_lock_lost_and_remove_the_row(
+    first: str,
+) -> None:
+    outer = locks.acquire("orders:1", ttl=0.2)
+    inner = locks.acquire("orders:1", ttl=0.2)
+    assert inner.count == 2
+    time.sleep(0.3)
+    leases = {"outer": outer, "inner": inner}
+    earlier = leases.pop(first)
+    # Whichever re-entry is released first, the holding had expired: it was not ours to
+    # the end, and its row goes (nobody is left to release it).
+    with pytest.raises(locks.LockLost, match="expired before it was released"):
+        earlier.release()
+    assert row("orders:1") is None
+    (later,) = leases.values()
+    with pytest.raises(locks.LockLost):
+        later.release()
+    assert row("orders:1") is None
+
+
+def test_an_old_lease_cannot_renew_its_own_holders_newer_holding() -> None:
+    old = locks.acquire("orders:1", ttl=0.2)
+    time.sleep(0.3)
+    new = locks.acquire("orders:1", ttl=0.5, timeout=0)
+    assert new.holder == old.holder and new.token > old.token
+    with pytest.raises(locks.LockLost, match="orders:1"):
+        old.renew(ttl=60)
+    stored = row("orders:1")
+    assert stored is not None and (stored.token, stored.expires_at) == (new.token, new.expires_at)
+    new.release()
+
+
 def test_releasing_twice_is_an_error() -> None:
     lease = locks.acquire("orders:1")
     lease.release()
