@@ -12,8 +12,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.test import override_settings
+from django.utils import timezone
 
 import locks
 from locks.leases import LockContext
@@ -310,6 +311,36 @@ def test_reaper_deletes_expired_rows_in_batches_and_leaves_live_ones() -> None:
         [lease.name for lease in live] + ["kept"]
     )
     assert locks.reap_expired() == 0
+
+
+def test_the_reaper_never_deletes_a_row_taken_over_while_its_batch_runs() -> None:
+    # The trap of select-then-delete: a row expired when the reaper chose its batch is
+    # taken over (live again) before the reaper's delete reaches it.
+    locks.acquire("orders:1", ttl=0.05, holder="old")
+    locks.acquire("orders:2", ttl=0.05, holder="old")
+    time.sleep(0.1)
+    reaped: list[int] = []
+
+    def reap() -> None:
+        try:
+            reaped.append(locks.reap_expired())
+        finally:
+            connections.close_all()
+            locks.connection.close()
+
+    reaper = threading.Thread(target=reap)
+    with transaction.atomic():
+        # A takeover in flight: it has the row (a write lock) and commits it live.
+        later = timezone.now() + timedelta(hours=1)
+        Lock.objects.filter(name="orders:1").update(holder="new", expires_at=later)
+        reaper.start()
+        reaper.join(timeout=1.0)  # it skips the row or waits for this commit
+    reaper.join(timeout=60)
+    assert not reaper.is_alive()
+    assert reaped == [1]  # orders:2 only
+    taken = row("orders:1")
+    assert taken is not None and taken.holder == "new"
+    assert locks.is_locked("orders:1")
 
 
 def test_reap_time_budget_stops_after_a_batch() -> None:
