@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
 from tests.app.models import Counter, Hold
-from tests.conftest import finish, spawn
+from tests.conftest import finish, read_event, spawn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -15,9 +16,15 @@ WORKERS = 4
 ROUNDS = 200
 
 
-def test_processes_never_overlap_and_tokens_rise_in_hold_order() -> None:
+def test_processes_never_overlap_and_tokens_rise_in_hold_order(tmp_path: Path) -> None:
     Counter.objects.create(name="contended", value=0)
-    workers = [spawn("contend", w, "contended", ROUNDS, 30) for w in range(WORKERS)]
+    gate = tmp_path / "go"
+    workers = [spawn("contend", w, "contended", ROUNDS, 30, gate) for w in range(WORKERS)]
+    # All start at once: a worker that finished before the next one started up would
+    # make the checks below pass whatever the lock does.
+    for worker in workers:
+        assert read_event(worker)["event"] == "ready"
+    gate.touch()
     for worker in workers:
         finish(worker)
 

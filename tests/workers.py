@@ -19,13 +19,23 @@ def emit(**event: Any) -> None:
     print(json.dumps(event, default=str), flush=True)
 
 
-def contend(worker: int, name: str, rounds: int, ttl: float) -> None:
-    """Critical sections doing a non-atomic read-modify-write, timed by the database clock."""
+def contend(worker: int, name: str, rounds: int, ttl: float, gate: str = "") -> None:
+    """Critical sections doing a non-atomic read-modify-write, timed by the database clock.
+
+    ``gate``: connect, report ``ready``, and begin only once that file exists, so that
+    workers started one after another all contend from their first round.
+    """
     from django.db import connection
 
     import locks
     from tests.app.models import Counter, Hold
 
+    if gate:
+        connection.ensure_connection()
+        locks.connection.get("default").ensure_connection()
+        emit(event="ready", worker=worker)
+        while not os.path.exists(gate):
+            time.sleep(0.01)
     for _ in range(rounds):
         with locks.lock(name, ttl=ttl, timeout=120) as lease:
             with connection.cursor() as cursor:
@@ -137,7 +147,7 @@ def auto_renew_exit(name: str, ttl: float) -> None:
 
 SCENARIOS = {
     "auto_renew_exit": lambda a: auto_renew_exit(a[0], float(a[1])),
-    "contend": lambda a: contend(int(a[0]), a[1], int(a[2]), float(a[3])),
+    "contend": lambda a: contend(int(a[0]), a[1], int(a[2]), float(a[3]), *a[4:]),
     "hold": lambda a: hold(a[0], float(a[1]), float(a[2]), *a[3:]),
     "hold_on_cue": lambda a: hold_on_cue(a[0], float(a[1])),
     "acquire_only": lambda a: acquire_only(a[0], float(a[1]), *a[2:]),
