@@ -6,7 +6,7 @@ import gc
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.db import connection, transaction
@@ -101,6 +101,41 @@ def test_sqlite_refuses_a_lease_inside_a_write_transaction_on_the_same_file(
     assert not Lock.objects.exists()
     # Outside the transaction, the same call works.
     locks.acquire("orders:1").release()
+
+
+def test_sqlite_refuses_every_lease_write_inside_a_write_transaction_and_writes_nothing(
+    backend: str,
+) -> None:
+    if backend != "sqlite":
+        pytest.skip("only SQLite has a single writer per database file")
+    lease = locks.acquire("orders:1", ttl=30)
+    expired = locks.acquire("orders:2", ttl=0.05)
+    time.sleep(0.1)
+    before = sorted(Lock.objects.values_list("name", "holder", "token", "count", "expires_at"))
+    calls: dict[str, Callable[[], object]] = {
+        "try_acquire": lambda: locks.try_acquire("orders:3"),
+        "acquire": lambda: locks.acquire("orders:3", timeout=5),
+        "lock": lambda: locks.lock("orders:3").__enter__(),
+        "re-entry": lambda: locks.acquire("orders:1"),
+        "renew": lease.renew,
+        "release": lease.release,
+        "break_lock": lambda: locks.break_lock("orders:1"),
+        "reap_expired": locks.reap_expired,
+    }
+    for what, call in calls.items():
+        started = time.monotonic()
+        with transaction.atomic():
+            Counter.objects.create(name=f"writer:{what}")
+            with pytest.raises(locks.LockError, match=r'LOCKS = \{"DATABASE"'):
+                call()
+        # At once, not after the busy timeout: it would wait for its own thread.
+        assert time.monotonic() - started < 5, what
+    after = sorted(Lock.objects.values_list("name", "holder", "token", "count", "expires_at"))
+    assert after == before
+    assert lease.held and locks.check_token("orders:1", lease.token)
+    lease.release()
+    with pytest.raises(locks.LockLost):
+        expired.release()
 
 
 def test_server_databases_allow_a_lease_inside_the_callers_transaction(backend: str) -> None:
