@@ -10,7 +10,7 @@ from django.db.models import Field
 
 from . import validation
 from .exceptions import StaleToken
-from .saving import RawSaveAware
+from .saving import RawSaveAware, newest
 
 _F = TypeVar("_F", bound=models.Model)
 
@@ -217,13 +217,17 @@ class FencedModel(RawSaveAware):
         rows = _fence_owner(type(self))._base_manager.using(db).filter(pk=self.pk)
         with transaction.atomic(using=db):
             if not rows.filter(fence__lte=token).update(fence=token):
-                newer = rows.values_list(FENCE, flat=True).first()
+                newer = newest(rows, db).values_list(FENCE, flat=True).first()
                 if newer is not None:
                     raise StaleToken(
                         f"delete of {self._meta.label} pk={self.pk!r} with fencing token "
                         f"{token} refused: the row was written with the newer token {newer}; "
                         "it is unchanged"
                     )
+                # No row to claim, so none of ours to delete. Django's delete would still
+                # run an unconditional DELETE by pk, and so remove the row if a newer
+                # holder has inserted it again since the claim.
+                return 0, {}
             return super().delete(using=db, keep_parents=keep_parents)
 
     def _do_update(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import models
+from django.db import connections, models
 
 
 class RawSaveAware(models.Model):
@@ -34,3 +34,22 @@ class RawSaveAware(models.Model):
             return super()._save_table(raw, *args, **kwargs)  # type: ignore[misc]
         finally:
             del self._locks_raw
+
+
+def newest(rows: models.QuerySet[Any], using: str) -> models.QuerySet[Any]:
+    """``rows``, read so as to see what a conditional write on them has just seen.
+
+    MySQL/MariaDB writes and locking reads see the newest committed rows, but a plain
+    read inside a REPEATABLE READ transaction sees the transaction's snapshot, which may
+    predate them: inside a transaction there, the read locks the rows. PostgreSQL's reads
+    and writes in one transaction see the same snapshot (a write to a row changed since a
+    REPEATABLE READ snapshot fails instead), and SQLite has one writer at a time.
+
+    Example::
+
+        newest(Account.objects.filter(pk=7), "default").values_list("fence", flat=True)
+    """
+    connection = connections[using]
+    if connection.vendor == "mysql" and not connection.get_autocommit():
+        return rows.select_for_update()
+    return rows

@@ -15,7 +15,8 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import locks
-from tests.app.models import FencedParcel, FencedRecord, FencedShipment
+from tests.app.models import FencedParcel, FencedRecord, FencedShipment, Item
+from tests.conftest import BACKEND
 from tests.remote import Remote, remotes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -405,6 +406,82 @@ def test_fenced_delete_refuses_bad_arguments_before_any_query(
         call(record)
     assert len(queries) == 0
     assert stored(record.pk) == ("a", 0)
+
+
+NEEDS_SERVER = pytest.mark.skipif(
+    BACKEND == "sqlite", reason="SQLite has one writer at a time and no isolation levels"
+)
+
+
+@pytest.fixture(params=["REPEATABLE READ", "SERIALIZABLE"])
+def isolation(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Django's connection runs its transactions under this isolation level, as with the
+    alias's ``OPTIONS["isolation_level"]`` (REPEATABLE READ is MariaDB's own default)."""
+    statement = {
+        "postgresql": "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {}",
+        "mysql": "SET SESSION TRANSACTION ISOLATION LEVEL {}",
+    }[connection.vendor]
+    with connection.cursor() as cursor:
+        cursor.execute(statement.format(request.param))
+    try:
+        yield request.param
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(statement.format("READ COMMITTED"))
+
+
+@NEEDS_SERVER
+def test_a_stale_fenced_delete_never_deletes_the_row_a_newer_holder_inserts_meanwhile(
+    start: Callable[..., Remote],
+) -> None:
+    # A newer holder (token 7) deleted the row, and inserts it anew with its token right
+    # after the stale holder's claim found no row to claim: the stale delete must not
+    # remove the newer holder's row.
+    record = FencedRecord.objects.create(key="k", data="old")
+    record.save(fence=3)
+    stale = FencedRecord.objects.get(pk=record.pk)
+    newer = start()
+    assert newer.call("fenced_delete", pk=record.pk, token=7)["ok"]
+    inserted: list[dict[str, Any]] = []
+
+    def newer_holder_inserts(execute: Any, sql: str, params: Any, many: bool, ctx: Any) -> Any:
+        result = execute(sql, params, many, ctx)
+        if not inserted and sql.lstrip().upper().startswith("SELECT"):
+            # The claim matched nothing; the row comes back before the stale delete ends.
+            inserted.append(newer.call("fenced_insert", pk=record.pk, key="k", data="B", token=7))
+        return result
+
+    with connection.execute_wrapper(newer_holder_inserts):
+        deleted = stale.delete(fence=5)
+    assert inserted and inserted[0]["ok"], inserted
+    assert deleted == (0, {})  # there was no row of ours to delete
+    assert stored(record.pk) == ("B", 7)
+
+
+@NEEDS_SERVER
+def test_a_stale_fenced_delete_under_another_isolation_level_leaves_a_newer_holders_row(
+    start: Callable[..., Remote], isolation: str
+) -> None:
+    # The stale holder's transaction took its snapshot after a newer holder (token 7)
+    # deleted the row and before it inserted it anew. Its claim (an UPDATE) sees the
+    # newest row on MariaDB while its plain reads see the snapshot, without the row.
+    record = FencedRecord.objects.create(key="k", data="old")
+    record.save(fence=3)
+    stale = FencedRecord.objects.get(pk=record.pk)
+    newer = start()
+    assert newer.call("fenced_delete", pk=record.pk, token=7)["ok"]
+    refused = False
+    with transaction.atomic():
+        Item.objects.count()  # the snapshot is taken here, on another table
+        wrote = newer.call("fenced_insert", pk=record.pk, key="k", data="B", token=7)
+        assert wrote["ok"], wrote
+        try:
+            stale.delete(fence=5)
+        except locks.StaleToken:
+            refused = True
+    assert stored(record.pk) == ("B", 7)
+    if connection.vendor == "mysql" and isolation == "REPEATABLE READ":
+        assert refused, "MariaDB's locking reads see the newer row: the delete is refused"
 
 
 # --- the paused holder -----------------------------------------------------------------------

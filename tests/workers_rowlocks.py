@@ -168,6 +168,14 @@ class Session:
         deleted, _ = FencedRecord.objects.get(pk=pk).delete(fence=token)
         return {"deleted": deleted}
 
+    def fenced_insert(self, pk: int, key: str, data: str, token: int) -> dict[str, Any]:
+        """Insert a FencedRecord anew with this primary key and fencing token."""
+        from tests.app.models import FencedRecord
+
+        record = FencedRecord(pk=pk, key=key, data=data)
+        record.save(fence=token, force_insert=True)
+        return {"fence": record.fence}
+
     def load(self, pk: int) -> dict[str, Any]:
         """Load a VersionedNote and keep this copy."""
         from tests.app.models import VersionedNote
