@@ -120,8 +120,17 @@ class FencedQuerySet(models.QuerySet[_F]):
         using = cast(Any, self)._db or router.db_for_write(self.model)
         with transaction.atomic(using=using):
             self.using(using).fenced_update(token)
-            # Rows that appeared since the claim and carry a greater token are left alone.
-            return self.using(using).filter(fence__lte=token).delete()
+            # Django's delete() would read the rows and then delete them by id, without
+            # the fence condition: a row read from a REPEATABLE READ snapshot (MariaDB), or
+            # one that appeared since the claim and was written by a newer holder before
+            # the DELETE (READ COMMITTED), would go. Delete only the rows locked here with
+            # a fence that is still at most ours, on the fence's own table.
+            rows = self.using(using).filter(fence__lte=token).order_by()
+            pks = list(rows.values_list("pk", flat=True))
+            owner = _fence_owner(self.model)._base_manager.using(using)
+            ours = owner.filter(pk__in=pks, fence__lte=token)
+            locked = list(ours.order_by().select_for_update().values_list("pk", flat=True))
+            return self.model._base_manager.using(using).filter(pk__in=locked).delete()
 
 
 class FencedModel(RawSaveAware):

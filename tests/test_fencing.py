@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import locks
@@ -482,6 +483,50 @@ def test_a_stale_fenced_delete_under_another_isolation_level_leaves_a_newer_hold
     assert stored(record.pk) == ("B", 7)
     if connection.vendor == "mysql" and isolation == "REPEATABLE READ":
         assert refused, "MariaDB's locking reads see the newer row: the delete is refused"
+
+
+@NEEDS_SERVER
+def test_a_fenced_delete_of_a_queryset_leaves_a_row_a_newer_holder_writes_meanwhile(
+    start: Callable[..., Remote],
+) -> None:
+    # After the claim, a row that matches appears (unclaimed, fence 0), and a newer holder
+    # (token 9) writes it while the delete runs: it must not be deleted with token 5.
+    FencedRecord.objects.create(key="a", data="todo")
+    other = start()
+    late: list[dict[str, Any]] = []
+
+    def others_write(execute: Any, sql: str, params: Any, many: bool, ctx: Any) -> Any:
+        result = execute(sql, params, many, ctx)
+        if sql.lstrip().upper().startswith("SELECT"):
+            if not late:  # the claim's check: a new row appears
+                late.append(other.call("create_record", key="late", data="todo"))
+            elif len(late) == 1:  # the rows to delete were read: a newer holder writes
+                late.append(other.call("fenced_save", pk=late[0]["pk"], data="nine", token=9))
+        return result
+
+    with connection.execute_wrapper(others_write):
+        FencedRecord.objects.filter(data="todo").fenced_delete(5)
+    assert len(late) == 2 and all(event["ok"] for event in late), late
+    assert FencedRecord.objects.values_list("key", "data", "fence").get() == ("late", "nine", 9)
+
+
+@NEEDS_SERVER
+def test_a_stale_fenced_delete_of_a_queryset_under_another_isolation_level_leaves_newer_rows(
+    start: Callable[..., Remote], isolation: str
+) -> None:
+    # The stale holder's snapshot still shows the row as the queryset selects it; a newer
+    # holder (token 7) has rewritten it since, so that it no longer matches.
+    record = FencedRecord.objects.create(key="k", data="todo")
+    record.save(fence=3)
+    newer = start()
+    with transaction.atomic():
+        Item.objects.count()  # the snapshot is taken here, on another table
+        wrote = newer.call("fenced_save", pk=record.pk, data="done", token=7)
+        assert wrote["ok"], wrote
+        # PostgreSQL refuses to write a row changed since the snapshot.
+        with contextlib.suppress(locks.StaleToken, OperationalError):
+            FencedRecord.objects.filter(data="todo").fenced_delete(5)
+    assert stored(record.pk) == ("done", 7)
 
 
 # --- the paused holder -----------------------------------------------------------------------

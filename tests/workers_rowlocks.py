@@ -176,6 +176,12 @@ class Session:
         record.save(fence=token, force_insert=True)
         return {"fence": record.fence}
 
+    def create_record(self, key: str, data: str) -> dict[str, Any]:
+        """Create a FencedRecord with a plain (unfenced) save."""
+        from tests.app.models import FencedRecord
+
+        return {"pk": FencedRecord.objects.create(key=key, data=data).pk}
+
     def load(self, pk: int) -> dict[str, Any]:
         """Load a VersionedNote and keep this copy."""
         from tests.app.models import VersionedNote
