@@ -261,7 +261,9 @@ class FencedModel(RawSaveAware):
         )
         if updated:
             return updated
-        newer = base_qs.filter(pk=pk_val).values_list(FENCE, flat=True).first()
+        # As the UPDATE saw it: not a MariaDB REPEATABLE READ snapshot that predates it.
+        current = newest(base_qs.filter(pk=pk_val), using or router.db_for_write(type(self)))
+        newer = current.values_list(FENCE, flat=True).first()
         if newer is None and self._state.adding:
             return updated  # no such row yet: Django inserts it, fence and all
         if newer is None:

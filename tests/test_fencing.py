@@ -529,6 +529,53 @@ def test_a_stale_fenced_delete_of_a_queryset_under_another_isolation_level_leave
     assert stored(record.pk) == ("done", 7)
 
 
+@NEEDS_SERVER
+def test_a_stale_fenced_save_under_another_isolation_level_names_the_newer_token(
+    start: Callable[..., Remote], isolation: str
+) -> None:
+    # The stale holder's snapshot shows the row at fence 3; a newer holder writes it with
+    # token 7 after that. MariaDB's UPDATE sees the newer row, its plain reads the snapshot.
+    record = FencedRecord.objects.create(key="k", data="old")
+    record.save(fence=3)
+    stale = FencedRecord.objects.get(pk=record.pk)
+    newer = start()
+    with transaction.atomic():
+        Item.objects.count()  # the snapshot is taken here, on another table
+        wrote = newer.call("fenced_save", pk=record.pk, data="B", token=7)
+        assert wrote["ok"], wrote
+        stale.data = "stale"
+        # PostgreSQL refuses to write a row changed since the snapshot (OperationalError).
+        refused = pytest.raises(locks.StaleToken if connection.vendor == "mysql" else Exception)
+        with refused as error, transaction.atomic():
+            stale.save(fence=5)
+    if connection.vendor == "mysql":
+        assert "newer token 7" in str(error.value), error.value
+    assert stored(record.pk) == ("B", 7)
+
+
+@NEEDS_SERVER
+def test_a_stale_fenced_save_under_another_isolation_level_never_overwrites_a_new_row(
+    start: Callable[..., Remote], isolation: str
+) -> None:
+    # The snapshot was taken after a newer holder (token 7) deleted the row and before it
+    # inserted it anew: the stale copy's save must not overwrite the new row.
+    record = FencedRecord.objects.create(key="k", data="old")
+    record.save(fence=3)
+    stale = FencedRecord.objects.get(pk=record.pk)
+    newer = start()
+    assert newer.call("fenced_delete", pk=record.pk, token=7)["ok"]
+    with transaction.atomic():
+        Item.objects.count()  # the snapshot is taken here, on another table
+        wrote = newer.call("fenced_insert", pk=record.pk, key="k", data="B", token=7)
+        assert wrote["ok"], wrote
+        stale.data = "stale"
+        with pytest.raises(locks.StaleToken) as error, transaction.atomic():
+            stale.save(fence=5)
+    if connection.vendor == "mysql" and isolation == "REPEATABLE READ":
+        assert "newer token 7" in str(error.value), error.value
+    assert stored(record.pk) == ("B", 7)
+
+
 # --- the paused holder -----------------------------------------------------------------------
 
 

@@ -455,6 +455,46 @@ def test_two_processes_saving_the_same_row_lose_no_update(start: Callable[..., R
     assert stored(note.pk) == ("shared", f"[{winners[0]}][{losers[0]}]", 3)
 
 
+@pytest.fixture(params=["REPEATABLE READ", "SERIALIZABLE"])
+def isolation(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Django's connection runs its transactions under this isolation level."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no isolation levels")
+    statement = {
+        "postgresql": "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {}",
+        "mysql": "SET SESSION TRANSACTION ISOLATION LEVEL {}",
+    }[connection.vendor]
+    with connection.cursor() as cursor:
+        cursor.execute(statement.format(request.param))
+    try:
+        yield request.param
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(statement.format("READ COMMITTED"))
+
+
+def test_a_lost_update_under_another_isolation_level_is_refused_and_names_the_version(
+    start: Callable[..., Remote], isolation: str
+) -> None:
+    note = VersionedNote.objects.create(title="t")
+    mine = VersionedNote.objects.get(pk=note.pk)
+    other = start()
+    assert other.call("load", pk=note.pk)["version"] == 1
+    with transaction.atomic():
+        Item.objects.count()  # the snapshot is taken here, on another table
+        assert other.call("append", pk=note.pk, text="theirs")["version"] == 2
+        mine.body = "mine"
+        # PostgreSQL refuses to write a row changed since the snapshot (OperationalError).
+        refused = pytest.raises(
+            locks.ConcurrentUpdate if connection.vendor == "mysql" else Exception
+        )
+        with refused as error, transaction.atomic():
+            mine.save()
+    if connection.vendor == "mysql":
+        assert "at version 2" in str(error.value), error.value
+    assert stored(note.pk) == ("t", "theirs", 2)
+
+
 # --- model forms -------------------------------------------------------------------------------
 
 
