@@ -77,10 +77,10 @@ def check_key_template(template: Any) -> str:
         # Refused here, not by format() at every request the view gets.
         if conversion not in (None, "r", "s", "a"):
             raise ValueError(f"lock_view key {template!r}: unknown conversion !{conversion}")
-        if field is not None:
-            first = field.split(".", 1)[0].split("[", 1)[0]
-            if first == "" or first.isdigit():
-                numbering.add(first == "")
+        # As lock_key's string.Formatter counts them: only a bare "{}" is automatic and a
+        # bare "{0}" numbered ("{0.pk}" or "{0[1]}" with "{}" fills fine, unlike str.format).
+        if field is not None and (field == "" or field.isdigit()):
+            numbering.add(field == "")
             if len(numbering) == 2:
                 raise ValueError(
                     f"lock_view key {template!r}: automatic ({{}}) and numbered ({{0}}) "

@@ -126,7 +126,7 @@ def test_long_keys_are_hashed_to_fit_and_keep_a_readable_prefix() -> None:
         # What format() refuses only once it fills the key, at every request (a 500).
         ("doc:{a!z}", ValueError),  # no such conversion
         ("doc:{}:{0}", ValueError),  # automatic and manual field numbering mixed
-        ("doc:{0.pk}:{}", ValueError),
+        ("doc:{0}:{}", ValueError),
         (42, TypeError),
     ],
 )
@@ -162,6 +162,20 @@ def test_bad_options_are_refused_when_decorating_and_touch_nothing(
     with pytest.raises(error):
         lock_view("k:{pk}", **options)
     assert not Lock.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("template", "key"),
+    [("doc:{0[1]}:{}", "doc:b:ab"), ("doc:{}:{0[1]}", "doc:ab:b"), ("doc:{0.pk}:{}", "doc:7:7")],
+)
+def test_numbered_fields_with_an_attribute_or_index_mix_with_automatic_ones(
+    template: str, key: str
+) -> None:
+    # lock_key fills keys with string.Formatter, which counts only a bare "{0}" as manual
+    # numbering: these fill fine at every request, and must not be refused when decorating.
+    value = "ab" if "[" in template else type("Row", (str,), {"pk": 7})("7")
+    assert lock_key(template, value) == key
+    lock_view(template)
 
 
 @pytest.mark.parametrize("bad", ["\x00", "\ud800"], ids=["nul", "lone-surrogate"])
