@@ -665,18 +665,23 @@ class Entered:
         return lease
 
 
+def _unwrapped(func: Any) -> Any:
+    """``func`` without the staticmethods and partials around it: what they call."""
+    while isinstance(func, staticmethod | functools.partial):
+        func = func.__func__ if isinstance(func, staticmethod) else func.func
+    return func
+
+
 def call_target(func: Any) -> Any:
-    """What runs when ``func`` is called: a staticmethod's function, an object's ``__call__``.
+    """What runs when ``func`` is called: a staticmethod's or partial's function, an
+    object's ``__call__`` (also one a staticmethod or partial wraps).
 
     Example::
 
         call_target(staticmethod(job)) is job  # True
     """
-    if isinstance(func, staticmethod):
-        return func.__func__
-    if callable(func) and not (
-        inspect.isroutine(func) or isinstance(func, functools.partial | type)
-    ):
+    func = _unwrapped(func)
+    if callable(func) and not (inspect.isroutine(func) or isinstance(func, type)):
         return type(func).__call__
     return func
 
@@ -684,17 +689,17 @@ def call_target(func: Any) -> Any:
 def function_kind(func: Any) -> str | None:
     """What calling ``func`` makes, when not its result: a coroutine or a generator.
 
-    Looks through a staticmethod and an object's ``__call__``, which decorators otherwise
-    take for plain functions and hold their lock around the making only.
+    Looks through a staticmethod, a partial and an object's ``__call__``, which decorators
+    otherwise take for plain functions and hold their lock around the making only.
 
     Example::
 
         function_kind(agen)  # 'async generator'
     """
     target = call_target(func)
-    # Asked of the object first: some mark themselves (AsyncMock, asgiref's
-    # markcoroutinefunction) rather than their __call__.
-    if iscoroutinefunction(func) or iscoroutinefunction(target):
+    # Asked of the object (and what a staticmethod or partial wraps) first: some mark
+    # themselves (AsyncMock, asgiref's markcoroutinefunction) rather than their __call__.
+    if any(iscoroutinefunction(each) for each in (func, _unwrapped(func), target)):
         return "coroutine"
     if inspect.isasyncgenfunction(target):
         return "async generator"

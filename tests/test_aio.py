@@ -459,8 +459,20 @@ def test_alock_refuses_to_decorate_what_is_not_a_coroutine_function(
         _AsyncCallable(),
         staticmethod(_coroutine_function),
         AsyncMock(return_value=None),
+        functools.partial(_AsyncCallable()),
+        functools.partial(AsyncMock(return_value=None)),
+        staticmethod(AsyncMock(return_value=None)),
     ],
-    ids=["function", "partial", "async-callable", "staticmethod", "async-mock"],
+    ids=[
+        "function",
+        "partial",
+        "async-callable",
+        "staticmethod",
+        "async-mock",
+        "partial-async-callable",
+        "partial-async-mock",
+        "staticmethod-async-mock",
+    ],
 )
 def test_alock_decorates_coroutine_functions_and_async_callables(
     func: Callable[[], Coroutine[Any, Any, None]],

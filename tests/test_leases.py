@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import threading
@@ -590,6 +591,10 @@ def test_lock_looks_through_callable_objects_and_staticmethods_when_refusing() -
         (AsyncCallable(), "a coroutine"),
         (GeneratingCallable(), "a generator"),
         (staticmethod(coroutine_function), "a coroutine"),
+        # Wrapped once more, a callable object's __call__ is still what runs.
+        (functools.partial(AsyncCallable()), "a coroutine"),
+        (staticmethod(AsyncCallable()), "a coroutine"),
+        (functools.partial(GeneratingCallable()), "a generator"),
     ]
     for function, kind in cases:
         with pytest.raises(TypeError, match=f"{kind} function.*locks.alock"):
