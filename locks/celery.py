@@ -546,7 +546,15 @@ def _release_revoked(sender: Any = None, request: Any = None, **signal_info: Any
         return
     try:
         _, alias, _ = sender._lock_options()
-        released = leases.release_holding(validation.check_name(key), task_id, alias)
+        name = validation.check_name(key)
+        try:
+            released = leases.release_holding(name, task_id, alias)
+        except DatabaseError:
+            # A kept connection (CONN_MAX_AGE > 0, no health checks) whose session the
+            # server ended while the worker idled is found dead only by this statement,
+            # and replaced: once more on the new one, or the key stays held for lock_ttl.
+            # Releasing is idempotent, so a first try that did reach the server is harmless.
+            released = leases.release_holding(name, task_id, alias)
     except (TypeError, ValueError, DatabaseError, LockError):
         logger.exception(
             "task %s[%s] was revoked, but freeing lock %r failed", sender.name, task_id, key

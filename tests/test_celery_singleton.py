@@ -662,27 +662,37 @@ def test_a_run_whose_lock_connection_idled_past_wait_timeout_frees_its_key(app: 
     BACKEND == "sqlite" or pgbouncer.ENABLED,
     reason="ends a server session of the app's own: PostgreSQL and MariaDB",
 )
+@pytest.mark.parametrize("max_age", [0, None], ids=["closed-each-time", "persistent"])
 def test_a_revoke_after_the_main_process_lock_connection_ended_frees_its_key(
-    app: Celery,
+    app: Celery, max_age: int | None
 ) -> None:
     # task_revoked runs in the worker's main process, which runs no task: no prerun or
     # postrun closes its lock connection. A first revoke opens it; the server ends it
     # while the worker idles (a restart, a failover, wait_timeout); then a second revoke.
+    # A persistent connection without health checks is only found dead by the release.
     task = make_task(app, "t.revoked-idle", lock_ttl=3600)
     first, second = task.delay(1), task.delay(2)
-    revoke(task, first.id, task.lock_name((1,)))
-    assert not Lock.objects.filter(holder=first.id).exists()
     own = locks.connection.get(conf.DATABASE)
-    if own.connection is not None:  # still open after the first revoke: end its session
-        with own.cursor() as cursor:
-            cursor.execute(SESSION_ID[own.vendor])
-            (session,) = cursor.fetchone()
-        kill_session(session)
-        deadline = time.monotonic() + 10
-        while session in other_sessions():
-            assert time.monotonic() < deadline, "the session did not end"
-            time.sleep(0.05)
-    revoke(task, second.id, task.lock_name((2,)))
+    own.close()
+    saved = own.settings_dict["CONN_MAX_AGE"]
+    own.settings_dict["CONN_MAX_AGE"] = max_age
+    try:
+        revoke(task, first.id, task.lock_name((1,)))
+        assert not Lock.objects.filter(holder=first.id).exists()
+        assert (own.connection is None) == (max_age == 0)
+        if own.connection is not None:  # still open after the first revoke: end its session
+            with own.cursor() as cursor:
+                cursor.execute(SESSION_ID[own.vendor])
+                (session,) = cursor.fetchone()
+            kill_session(session)
+            deadline = time.monotonic() + 10
+            while session in other_sessions():
+                assert time.monotonic() < deadline, "the session did not end"
+                time.sleep(0.05)
+        revoke(task, second.id, task.lock_name((2,)))
+    finally:
+        own.close()
+        own.settings_dict["CONN_MAX_AGE"] = saved
     held = Lock.objects.filter(holder=second.id).values_list("expires_at", flat=True).first()
     assert held is None, f"the revoked {second.id} keeps its key until {held}"
 
