@@ -56,8 +56,9 @@ def check_key_template(template: Any) -> str:
 
     Raises ``TypeError``/``ValueError`` for a non-string, empty or NUL-containing
     template, broken braces, nested fields, an unknown conversion (``!z``), automatic and
-    numbered fields mixed (``{}`` with ``{0}``), or two fields not separated by a character
-    other than a letter, digit or "%" (``"{a}{b}"`` would make "1"+"23" = "12"+"3").
+    numbered fields mixed (``{}`` with ``{0}``), a field that names no argument (``{.pk}``),
+    or two fields not separated by a character other than a letter, digit or "%"
+    (``"{a}{b}"`` would make "1"+"23" = "12"+"3").
 
     Example::
 
@@ -86,6 +87,12 @@ def check_key_template(template: Any) -> str:
                     f"lock_view key {template!r}: automatic ({{}}) and numbered ({{0}}) "
                     "fields cannot be mixed"
                 )
+        if field and field[0] in ".[":
+            # string.Formatter looks "{.pk}" up as the keyword "", which no view gets.
+            raise ValueError(
+                f"lock_view key {template!r}: field {{{field}}} names no argument: write "
+                f"{{0{field}}} or {{name{field}}}"
+            )
         if previous is not None and field is not None and ENCODED.issuperset(literal):
             raise ValueError(
                 f"lock_view key {template!r}: fields {{{previous}}} and {{{field or ''}}} "

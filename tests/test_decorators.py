@@ -127,6 +127,8 @@ def test_long_keys_are_hashed_to_fit_and_keep_a_readable_prefix() -> None:
         ("doc:{a!z}", ValueError),  # no such conversion
         ("doc:{}:{0}", ValueError),  # automatic and manual field numbering mixed
         ("doc:{0}:{}", ValueError),
+        ("doc:{.pk}", ValueError),  # the keyword "", which no view gets
+        ("doc:{[0]}", ValueError),
         (42, TypeError),
     ],
 )
