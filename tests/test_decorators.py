@@ -977,3 +977,81 @@ def test_a_locked_view_builds_no_connection_of_an_alias_it_does_not_use() -> Non
     thread.start()
     thread.join()
     assert out["after"] == out["before"], out
+
+
+# --- options that must reach the lease and the busy answer -----------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_default_retry_after_is_the_seconds_left_on_the_holders_lease(held: Any) -> None:
+    # Not merely "at least 1": a constant would pass a range check from 1 up.
+    held("gate:long", ttl=600)
+    response = Client().get("/locking/gated/long/")
+    assert response.status_code == 423
+    assert 590 <= int(response["Retry-After"]) <= 600
+    assert b"retry after" in response.content
+
+
+def _busy_with_own_retry_after(request: HttpRequest, name: str, retry_after: int) -> HttpResponse:
+    response = HttpResponse(f"{name} is busy", status=503)
+    response["Retry-After"] = "120"
+    return response
+
+
+@lock_view("own-retry", ttl=30, response=_busy_with_own_retry_after)
+def _own_retry_after(request: HttpRequest) -> HttpResponse:  # pragma: no cover - never runs
+    raise AssertionError("must not run while the lock is held")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_busy_response_that_sets_its_own_retry_after_keeps_it(held: Any) -> None:
+    held("own-retry", ttl=30)
+    response = _own_retry_after(RequestFactory().get("/"))
+    assert (response.status_code, response["Retry-After"]) == (503, "120")
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_the_using_note_and_auto_renew_options_reach_the_lease() -> None:
+    seen: dict[str, Any] = {}
+
+    @lock_view("options", ttl=1.5, using="other", note="nightly export", auto_renew=True)
+    def view(request: HttpRequest) -> HttpResponse:
+        time.sleep(2.5)  # past the ttl: only the renewals keep the lease
+        seen["held"] = locks.is_locked("options", using="other")
+        seen["rows"] = {
+            alias: list(Lock.objects.using(alias).values_list("name", "note"))
+            for alias in ("default", "other")
+        }
+        return HttpResponse("ok")
+
+    response = view(RequestFactory().get("/"))
+    assert response.status_code == 200
+    assert seen == {
+        "held": True,
+        "rows": {"default": [], "other": [("options", "nightly export")]},
+    }
+    assert not Lock.objects.using("other").exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.usefixtures("atomic_requests", "locks_apart")
+@pytest.mark.parametrize(
+    ("view", "atomic"),
+    [
+        (_locked, b"True"),
+        (lock_view("exempt", ttl=30)(_non_atomic(_in_atomic)), b"False"),
+        (_non_atomic(lock_view("exempt", ttl=30)(_in_atomic)), b"False"),
+        (InAtomicMixinView.as_view(), b"True"),
+        (ExemptMixinView.as_view(), b"False"),
+        (ExemptDispatchView.as_view(), b"False"),
+    ],
+    ids=["function", "function-under", "function-over", "mixin", "mixin-dispatch", "dispatch"],
+)
+def test_a_locked_view_called_without_the_url_resolver_keeps_its_exemptions(
+    view: Callable[..., Any], atomic: bytes
+) -> None:
+    # Called directly (a test with RequestFactory, or one view calling another): no
+    # resolver_match carries the exemptions; the view's own marks must.
+    response = view(RequestFactory().get("/"))
+    assert cast(HttpResponse, response).content == atomic
+    assert not Lock.objects.exists()
