@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.app.task import Context
-from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 from celery.signals import task_postrun, task_prerun, task_revoked
 from django.db import OperationalError as DatabaseOperationalError
 from django.db import connections
@@ -716,3 +716,56 @@ def test_a_worker_closes_old_lock_connections_around_each_task(
     finally:
         task.pop_request()
     assert (own.connection is None) is closed
+
+
+def test_a_run_holds_the_key_its_message_header_names_however_its_arguments_arrive(
+    app: Celery,
+) -> None:
+    # A serializer may hand the worker the arguments in another form (a datetime as ISO
+    # text, say): a key made anew from them would miss the lease the enqueue took, which
+    # would then turn duplicates away for lock_ttl after the run ended.
+    during: list[list[tuple[str, str, int]]] = []
+
+    def body(when: Any) -> None:
+        during.append(list(Lock.objects.order_by("name").values_list("name", "holder", "count")))
+
+    decorate: Any = app.task
+    task = decorate(
+        base=SingletonTask, name="t.header-key", shared=False, lock_key=lambda when: f"at:{when}"
+    )(body)
+    when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    sent = task.delay(when)
+    key = task.lock_name((when,))
+    arrived = when.isoformat()
+    assert task.lock_name((arrived,)) != key
+    task.push_request(id=sent.id, args=(arrived,), kwargs={}, headers={KEY_HEADER: key})
+    task.request.called_directly = False
+    try:
+        task(arrived)
+    finally:
+        task.pop_request()
+    assert during == [[(key, sent.id, 2)]], "the run re-entered the enqueue's lease"
+    assert not Lock.objects.exists()
+
+
+def test_a_run_that_replaces_itself_keeps_its_key_taken_for_the_replacement(app: Celery) -> None:
+    # The replacement goes out under the run's task id and the same key: between the end
+    # of the run and the start of the replacement's run, the key must stay taken, or a
+    # delay() in that gap enqueues a second run beside the replacement.
+    def body(self: SingletonTask, n: int) -> None:
+        raise self.replace(self.signature((n,)))
+
+    decorate: Any = app.task
+    task = decorate(base=SingletonTask, name="t.replace-self", shared=False, bind=True)(body)
+    sent = task.delay(1)
+    key = task.lock_name((1,))
+    task.push_request(id=sent.id, args=(1,), kwargs={}, headers={KEY_HEADER: key})
+    task.request.called_directly = False
+    try:
+        with pytest.raises(Ignore):
+            task(1)
+    finally:
+        task.pop_request()
+    assert Lock.objects.get(name=key).holder == sent.id
+    assert task.delay(1).id == sent.id, "a duplicate of the replacement"
+    assert queued(app) == 2  # the first message (still unacknowledged here) and the replacement
