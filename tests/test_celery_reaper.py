@@ -228,3 +228,27 @@ def test_reaping_100k_rows_never_blocks_an_acquire_longer_than_a_batch(
     # batches it may wait for (one CI run overshot a one-step allowance by 28 ms).
     busy_step = 0.1 if backend == "sqlite" else 0.0
     assert longest <= noise + report["longest_batch"] * 2 + busy_step
+
+
+def test_reaper_task_arguments_override_the_settings_and_an_unfinished_run_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    insert_expired(25)
+    with caplog.at_level(logging.INFO, logger="locks.tasks"):
+        assert run_task(batch_size=10, time_budget=0) == 10  # one batch of 10, budget spent
+        assert left() == 15
+        assert run_task(batch_size=10) == 15  # LOCKS["REAP_TIME_BUDGET"] of 30 s
+    assert left() == 0
+    levels = [r.levelname for r in caplog.records if r.name == "locks.tasks"]
+    assert levels == ["WARNING", "INFO"], "a run that left expired rows says so as a warning"
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_reaper_task_reaps_the_database_it_is_given() -> None:
+    for name in ("other:1", "other:2"):
+        locks.acquire(name, ttl=0.05, holder=GONE, using="other")
+    locks.acquire("default:1", ttl=0.05, holder=GONE)
+    wait_until(lambda: not locks.is_locked("default:1"), what="the rows to expire")
+    assert run_task(using="other") == 2
+    assert not Lock.objects.using("other").exists()
+    assert list(Lock.objects.values_list("name", flat=True)) == ["default:1"]
