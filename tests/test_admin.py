@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import Permission, User
+from django.db import connection
 from django.test import Client
 
 import locks
@@ -299,3 +300,44 @@ def test_admin_search_ignores_case(superuser: Client) -> None:
     assert cells(superuser.get(CHANGELIST + "?q=worker-a").content.decode(), "name") == [
         "Jobs:Nightly"
     ]
+
+
+def test_a_confirmed_break_leaves_a_lock_taken_again_after_the_page_read_it() -> None:
+    # The token on the page matches the row the action reads; the holding changes hands
+    # just after that read: only break_lock(token=...) keeps the new holder's lock.
+    first = locks.acquire("jobs:race", ttl=30, holder="worker-1")
+    taken: list[locks.Lease] = []
+
+    def hand_over_after_the_read(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        result = execute(sql, params, many, context)
+        text = sql.lower()
+        if not taken and "locks_lock" in text and "token" in text and "count(" not in text:
+            first.release()  # on the app's own connection, not this one
+            taken.append(locks.acquire("jobs:race", ttl=30, holder="worker-2"))
+        return result
+
+    breaker = staff("breaker", "view_lock", "break_lock")
+    confirm = {"post": "yes", "holding": f"{first.token} jobs:race"}
+    with connection.execute_wrapper(hand_over_after_the_read):
+        done = breaker.post(CHANGELIST, action("break_locks", "jobs:race", **confirm), follow=True)
+    assert taken, "the action read the row"
+    assert b"Left 1 lock(s) alone" in done.content
+    assert Lock.objects.get(name="jobs:race").token == taken[0].token
+    assert not LogEntry.objects.exists()
+    taken[0].release()
+
+
+def test_a_lock_released_before_the_confirmation_is_reported_as_left_alone() -> None:
+    lease = locks.acquire("jobs:gone", ttl=30, holder="worker")
+    other = locks.acquire("jobs:other", ttl=30, holder="worker")
+    breaker = staff("breaker", "view_lock", "break_lock")
+    confirm = {"post": "yes", "holding": f"{lease.token} jobs:gone"}
+    lease.release()
+    done = breaker.post(CHANGELIST, action("break_locks", "jobs:gone", **confirm), follow=True)
+    assert done.status_code == 200
+    assert "Left 1 lock(s) alone: released or taken again since the page was shown: jobs:gone" in (
+        done.content.decode()
+    )
+    assert b"Broke" not in done.content
+    assert list(Lock.objects.values_list("name", flat=True)) == ["jobs:other"]
+    other.release()
