@@ -278,3 +278,72 @@ def test_exit_codes_of_the_real_command() -> None:
     broken = manage("break", "orders:cli", "--yes")
     assert broken.returncode == 0 and "Broke lock 'orders:cli'" in broken.stdout
     assert not Lock.objects.exists()
+
+
+class HandOverOnAnswer(Terminal):
+    """A terminal whose user answers "y" after the lock shown changed hands."""
+
+    def __init__(self, old: locks.Lease) -> None:
+        super().__init__("y\n")
+        self.old = old
+        self.new: locks.Lease | None = None
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]  # typeshed
+        self.old.release()
+        self.new = locks.acquire(self.old.name, ttl=30, holder="worker-new")
+        return super().readline()
+
+
+def test_break_after_a_prompt_leaves_a_holding_that_took_the_lock_meanwhile() -> None:
+    # The user agreed to break the holding on the screen, not the one that came after it.
+    old = locks.acquire("orders:11", ttl=30, holder="worker-old")
+    stdin = HandOverOnAnswer(old)
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(CommandError) as caught:
+        call_command("locks", "break", "orders:11", stdin=stdin, stdout=out, stderr=err)
+    assert caught.value.returncode == 1
+    assert "worker-old" in out.getvalue() and "Broke" not in out.getvalue()
+    assert "released or taken again meanwhile" in err.getvalue()
+    assert stdin.new is not None
+    assert Lock.objects.get(name="orders:11").token == stdin.new.token
+    stdin.new.release()
+
+
+def test_break_of_a_lock_released_after_the_read_exits_1() -> None:
+    lease = locks.acquire("orders:12", ttl=30, holder="worker")
+    other = locks.acquire("orders:13", ttl=30, holder="worker")
+
+    def release_after_the_read(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        result = execute(sql, params, many, context)
+        if lease.held and "locks_lock" in sql and sql.lstrip().upper().startswith("SELECT"):
+            lease.release()  # on the app's own connection, not this one
+        return result
+
+    out, err = io.StringIO(), io.StringIO()
+    with connection.execute_wrapper(release_after_the_read), pytest.raises(CommandError) as caught:
+        call_command("locks", "break", "orders:12", "orders:13", "--yes", stdout=out, stderr=err)
+    assert caught.value.returncode == 1 and "1 of 2 lock(s) not broken: 'orders:12'" in str(
+        caught.value
+    )
+    assert "Broke lock 'orders:13'" in out.getvalue()
+    assert "Lock 'orders:12' was released or taken again meanwhile." in err.getvalue()
+    assert "Unknown" not in err.getvalue()
+    assert not Lock.objects.exists()
+    with pytest.raises(locks.LockLost):
+        other.release()
+
+
+@pytest.mark.parametrize("args", [["list"], ["break", "orders:1", "--yes"], ["reap"]])
+def test_a_database_error_other_than_a_missing_table_is_not_called_unmigrated(
+    args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    command = "locks.management.commands.locks"
+    for name in ("_rows", "reap_expired"):
+        monkeypatch.setattr(f"{command}.{name}", down)
+    with pytest.raises(OperationalError, match="server closed the connection"):
+        run(*args)
