@@ -69,6 +69,11 @@ def _database(alias: str) -> dict[str, Any]:
 
 
 DATABASES = {alias: _database(alias) for alias in ("default", "other")}
+if os.environ.get("LOCKS_TEST_PERSISTENT_CONNECTIONS"):
+    # Connections kept between requests and tasks, checked before their first use in each
+    # (a process whose sessions the server ended while it idled).
+    for _settings in DATABASES.values():
+        _settings.update(CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=True)
 # Mirrors of "default" whose settings the app's own connections must not follow
 # (tests/test_connection.py): Django's transactions without autocommit, and, on
 # PostgreSQL, Django's connection pool with room for one ORM connection only.

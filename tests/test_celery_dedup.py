@@ -482,10 +482,12 @@ def test_acks_late_run_redelivered_after_its_worker_died_reenters_its_lease(
 def test_first_run_after_the_database_dropped_the_workers_sessions_runs(tmp_path: Path) -> None:
     # A database restart, a failover or an idle-session timeout, as an idle worker sees
     # it: its lock connection is dead before the next run begins. Its own worker, since
-    # the module's would lose the sessions its main process keeps for revokes.
+    # the module's would lose the sessions its main process keeps for revokes, and one
+    # that keeps its connections between tasks (with CONN_MAX_AGE = 0 each task's end
+    # closes them, and there is nothing left to drop).
     url, queue = BROKERS["redis"], unique_queue()
     app = make_app(url, queue)
-    env = celery_env(url, queue)
+    env = celery_env(url, queue, LOCKS_TEST_PERSISTENT_CONNECTIONS="1")
     try:
         with celery_worker(
             "tests.celery_app", queue, tmp_path / "worker.log", env, concurrency=1
