@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterable
 from typing import Any, TypeVar, cast
 
-from django.db import models, router, transaction
+from django.db import connections, models, router, transaction
 from django.db.models import Field
 
 from . import validation
@@ -128,9 +129,23 @@ class FencedQuerySet(models.QuerySet[_F]):
             rows = self.using(using).filter(fence__lte=token).order_by()
             pks = list(rows.values_list("pk", flat=True))
             owner = _fence_owner(self.model)._base_manager.using(using)
-            ours = owner.filter(pk__in=pks, fence__lte=token)
-            locked = list(ours.order_by().select_for_update().values_list("pk", flat=True))
-            return self.model._base_manager.using(using).filter(pk__in=locked).delete()
+            # The ids go in batches: a statement takes only so many parameters (SQLite's
+            # build limit, 999 by Django's count; PostgreSQL's 65535 when bound on the
+            # server), where Django's delete() of the queryset needed no list of them.
+            size = (connections[using].features.max_query_params or 65_535) - 1
+            locked: list[Any] = []
+            for start in range(0, len(pks), size):
+                ours = owner.filter(pk__in=pks[start : start + size], fence__lte=token)
+                locked += ours.order_by().select_for_update().values_list("pk", flat=True)
+            deleted, per_model = 0, Counter[str]()
+            for start in range(0, len(locked), size):
+                batch = self.model._base_manager.using(using).filter(
+                    pk__in=locked[start : start + size]
+                )
+                count, counts = batch.delete()
+                deleted += count
+                per_model.update(counts)
+            return deleted, dict(per_model)
 
 
 class FencedModel(RawSaveAware):
