@@ -321,10 +321,17 @@ def test_the_reaper_never_deletes_a_row_taken_over_while_its_batch_runs() -> Non
     locks.acquire("orders:2", ttl=0.05, holder="old")
     time.sleep(0.1)
     reaped: list[int] = []
+    reading = threading.Event()
+
+    def on_first_read(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if "locks_lock" in sql:
+            reading.set()
+        return execute(sql, params, many, context)
 
     def reap() -> None:
         try:
-            reaped.append(locks.reap_expired())
+            with locks.connection.get("default").execute_wrapper(on_first_read):
+                reaped.append(locks.reap_expired())
         finally:
             connections.close_all()
             locks.connection.close()
@@ -335,7 +342,10 @@ def test_the_reaper_never_deletes_a_row_taken_over_while_its_batch_runs() -> Non
         later = timezone.now() + timedelta(hours=1)
         Lock.objects.filter(name="orders:1").update(holder="new", expires_at=later)
         reaper.start()
-        reaper.join(timeout=1.0)  # it skips the row or waits for this commit
+        # Not a bound on the thread's start and its connecting: the reaper's first
+        # statement on the table is on its way before this commit, whatever the load.
+        assert reading.wait(timeout=30), "the reaper never read the table"
+        reaper.join(timeout=0.5)  # it skips the row or waits for this commit
     reaper.join(timeout=60)
     assert not reaper.is_alive()
     assert reaped == [1]  # orders:2 only
