@@ -145,14 +145,28 @@ def test_a_waiter_interrupted_while_the_listener_connects_leaves_no_subscription
     # LISTEN_WAIT_SECONDS for it: a soft time limit, say, strikes during that wait.
     monkeypatch.setitem(connections.settings["default"], "PORT", "1")
     monkeypatch.setattr(waiting, "IDLE_SECONDS", 0.2)
+    wait_listening = waiting.Listener.wait_listening
+    struck: list[bool] = []
+
+    def armed(self: waiting.Listener, timeout: float) -> None:
+        # Armed in this wait (up to a second), not before the acquire: however long its
+        # first attempt took, the alarm strikes here.
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        try:
+            wait_listening(self, timeout)
+        except Interrupted:
+            struck.append(True)
+            raise
+
+    monkeypatch.setattr(waiting.Listener, "wait_listening", armed)
     previous = signal.signal(signal.SIGALRM, _raise_interrupted)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
         with pytest.raises(Interrupted):
             locks.acquire("orders:1", holder="second", timeout=30)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    assert struck, "the alarm struck while the waiter waited for the listener"
     # Nobody waits any more: nothing keeps the listener (its thread, its connection).
     assert not waiting.listener("default")._waiters
     deadline = time.monotonic() + 5
