@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,25 @@ def atomic_requests() -> Iterator[None]:
         yield
     finally:
         settings_dict["ATOMIC_REQUESTS"] = False
+
+
+_SET_ISOLATION = {
+    "postgresql": "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {}",
+    "mysql": "SET SESSION TRANSACTION ISOLATION LEVEL {}",
+}
+
+
+@contextmanager
+def isolation_level(level: str) -> Iterator[None]:
+    """Django's default connection runs its transactions under ``level`` (as with the
+    alias's ``OPTIONS["isolation_level"]``; REPEATABLE READ is MariaDB's own default),
+    then READ COMMITTED again."""
+    connection = connections["default"]
+    statement = _SET_ISOLATION[connection.vendor]
+    with connection.cursor() as cursor:
+        cursor.execute(statement.format(level))
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(statement.format("READ COMMITTED"))

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 import locks
 from tests.app.models import FencedParcel, FencedRecord, FencedShipment, Item
-from tests.conftest import BACKEND
+from tests.conftest import BACKEND, isolation_level
 from tests.remote import Remote, remotes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -449,17 +449,8 @@ NEEDS_SERVER = pytest.mark.skipif(
 def isolation(request: pytest.FixtureRequest) -> Iterator[str]:
     """Django's connection runs its transactions under this isolation level, as with the
     alias's ``OPTIONS["isolation_level"]`` (REPEATABLE READ is MariaDB's own default)."""
-    statement = {
-        "postgresql": "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {}",
-        "mysql": "SET SESSION TRANSACTION ISOLATION LEVEL {}",
-    }[connection.vendor]
-    with connection.cursor() as cursor:
-        cursor.execute(statement.format(request.param))
-    try:
+    with isolation_level(request.param):
         yield request.param
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(statement.format("READ COMMITTED"))
 
 
 @NEEDS_SERVER

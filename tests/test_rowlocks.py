@@ -20,6 +20,7 @@ from locks.backends import for_connection
 from locks.conf import conf
 from locks.models import RowLock
 from tests.app.models import Counter, Item
+from tests.conftest import isolation_level
 from tests.remote import Remote, remotes
 from tests.test_leases import AsyncCallable, GeneratingCallable
 
@@ -547,17 +548,8 @@ def test_a_row_created_after_a_repeatable_read_snapshot(start: Callable[..., Rem
 def repeatable_read() -> Iterator[None]:
     """Django's connection runs its transactions under REPEATABLE READ, as with the alias's
     ``OPTIONS["isolation_level"]`` (and MariaDB's own default)."""
-    statement = {
-        "postgresql": "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {}",
-        "mysql": "SET SESSION TRANSACTION ISOLATION LEVEL {}",
-    }[connection.vendor]
-    with connection.cursor() as cursor:
-        cursor.execute(statement.format("REPEATABLE READ"))
-    try:
+    with isolation_level("REPEATABLE READ"):
         yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(statement.format("READ COMMITTED"))
 
 
 @NEEDS_ROW_LOCKS

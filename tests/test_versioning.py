@@ -24,6 +24,7 @@ from locks.checks import check_versioned_managers
 from locks.forms import STALE_VERSION, VersionedModelForm
 from locks.models import VersionedModel, VersionedQuerySet
 from tests.app.models import Item, VersionedChapter, VersionedNote, VersionedTask
+from tests.conftest import isolation_level
 from tests.remote import Remote, remotes
 from tests.urls_versioning import FieldsetsNoteAdmin, FieldsNoteAdmin
 
@@ -460,17 +461,8 @@ def isolation(request: pytest.FixtureRequest) -> Iterator[str]:
     """Django's connection runs its transactions under this isolation level."""
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has no isolation levels")
-    statement = {
-        "postgresql": "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {}",
-        "mysql": "SET SESSION TRANSACTION ISOLATION LEVEL {}",
-    }[connection.vendor]
-    with connection.cursor() as cursor:
-        cursor.execute(statement.format(request.param))
-    try:
+    with isolation_level(request.param):
         yield request.param
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(statement.format("READ COMMITTED"))
 
 
 def test_a_lost_update_under_another_isolation_level_is_refused_and_names_the_version(
