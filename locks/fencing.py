@@ -241,7 +241,7 @@ class FencedModel(RawSaveAware):
         rows = _fence_owner(type(self))._base_manager.using(db).filter(pk=self.pk)
         with transaction.atomic(using=db):
             if not rows.filter(fence__lte=token).update(fence=token):
-                newer = newest(rows, db).values_list(FENCE, flat=True).first()
+                newer = newest(rows).values_list(FENCE, flat=True).first()
                 if newer is not None:
                     raise StaleToken(
                         f"delete of {self._meta.label} pk={self.pk!r} with fencing token "
@@ -277,8 +277,7 @@ class FencedModel(RawSaveAware):
         if updated:
             return updated
         # As the UPDATE saw it: not a MariaDB REPEATABLE READ snapshot that predates it.
-        current = newest(base_qs.filter(pk=pk_val), using or router.db_for_write(type(self)))
-        newer = current.values_list(FENCE, flat=True).first()
+        newer = newest(base_qs.filter(pk=pk_val)).values_list(FENCE, flat=True).first()
         if newer is None and self._state.adding:
             return updated  # no such row yet: Django inserts it, fence and all
         if newer is None:

@@ -36,7 +36,7 @@ class RawSaveAware(models.Model):
             del self._locks_raw
 
 
-def newest(rows: models.QuerySet[Any], using: str) -> models.QuerySet[Any]:
+def newest(rows: models.QuerySet[Any]) -> models.QuerySet[Any]:
     """``rows``, read so as to see what a conditional write on them has just seen.
 
     MySQL/MariaDB writes and locking reads see the newest committed rows, but a plain
@@ -47,9 +47,9 @@ def newest(rows: models.QuerySet[Any], using: str) -> models.QuerySet[Any]:
 
     Example::
 
-        newest(Account.objects.filter(pk=7), "default").values_list("fence", flat=True)
+        newest(Account.objects.using("default").filter(pk=7)).values_list("fence", flat=True)
     """
-    connection = connections[using]
+    connection = connections[rows.db]
     if connection.vendor == "mysql" and not connection.get_autocommit():
         return rows.select_for_update()
     return rows

@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterable
 from typing import Any, TypeVar, cast
 
 from django import forms
-from django.db import models, router
+from django.db import models
 from django.db.models import F, Field
 from django.db.models.manager import BaseManager
 from django.db.models.signals import class_prepared
@@ -203,8 +203,7 @@ class VersionedModel(RawSaveAware):
             self.version = expected + 1
             return updated
         # As the UPDATE saw it: not a MariaDB REPEATABLE READ snapshot that predates it.
-        row = newest(base_qs.filter(pk=pk_val), using or router.db_for_write(type(self)))
-        current = row.values_list(VERSION, flat=True).first()
+        current = newest(base_qs.filter(pk=pk_val)).values_list(VERSION, flat=True).first()
         if current is None and self._state.adding:
             return updated  # a new object whose row does not exist yet: Django inserts it
         label = self._meta.label
