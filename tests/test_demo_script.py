@@ -103,6 +103,17 @@ def test_demo_refuses_unknown_options(demo_env: dict[str, str]) -> None:
     assert done.returncode == 1 and "unknown option '--bogus'" in done.stderr
 
 
+def test_demo_help_prints_its_usage_and_nothing_else() -> None:
+    done = subprocess.run([DEMO, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    # The header comment as the user reads it: no shell directives, nothing of the code.
+    assert lines[0].startswith("Run the demo:"), lines[:2]
+    assert "Usage: scripts/demo [--no-server]" in done.stdout
+    assert lines[-1] == "Ctrl-C stops everything it started."
+    assert not any("shellcheck" in line or line.startswith("#") for line in lines)
+
+
 #: The guarded view's work time in the demo under test: long enough that all five requests
 #: of the button are answered while the first one works, even on a loaded machine.
 REPORT_SECONDS = 12
