@@ -53,7 +53,7 @@ def fit_key(key: str) -> str:
 
     Example::
 
-        fit_key("tasks.export:" + "x" * 400)  # 'tasks.export:xxx…:sha256:9b1f…' (255 max)
+        fit_key("tasks.export:" + "x" * 400)  # 'tasks.export:xxx…:sha256:faa5833e…' (255 max)
     """
     if len(key) <= validation.MAX_NAME_LENGTH:
         return key

@@ -34,7 +34,7 @@ def fit_name(name: str) -> str:
 
     Example::
 
-        fit_name("report:" + "x" * 300)  # 'report:xxx...~9f86d081...' (255 characters)
+        fit_name("report:" + "x" * 300)  # 'report:xxx...~a3673a16...' (255 characters)
     """
     if len(name) < validation.MAX_NAME_LENGTH:
         return name
