@@ -114,20 +114,19 @@ def _select_or_create(
 
     created_here = False
     with connection.cursor() as cursor:
+        if backend.creates_row_in_transaction:
+            try:
+                backend.take_row_lock(cursor, name, nowait=wait.immediate)
+            except DatabaseError as exc:
+                if wait.skip_locked and backend.is_lock_busy(exc):
+                    return False  # another transaction is creating or holding it
+                raise
+            return True
         for _ in range(_ATTEMPTS):
             if backend.select_row_lock(
                 cursor, name, nowait=wait.nowait, skip_locked=wait.skip_locked
             ):
                 return True
-            if backend.creates_row_in_transaction:
-                try:
-                    if backend.insert_row_lock(cursor, name, nowait=wait.immediate):
-                        return True  # the insert locked the new row for this transaction
-                except DatabaseError as exc:
-                    if wait.skip_locked and backend.is_lock_busy(exc):
-                        return False  # another transaction is creating or holding it
-                    raise
-                continue  # it was created meanwhile: lock it
             # Created on the app's own autocommit connection, so other sessions see the
             # row at once and never wait for this transaction to learn that it exists.
             created = _execute(
@@ -218,7 +217,8 @@ def _take(name: str, wait: _Wait, alias: str) -> transaction.Atomic | None:
             if backend.is_lock_busy(exc):
                 raise requested.busy(f"row lock {name!r}", alias, backend) from exc
             if backend.is_deadlock(exc) and attempt < retries:
-                # Sessions creating the same new row at once can deadlock on MariaDB.
+                # On MariaDB, sessions waiting for a new row whose creator rolls back then
+                # create it at once, and can deadlock.
                 logger.debug("row lock %r: deadlock, retrying: %s", name, exc)
                 time.sleep(_backoff(attempt))
                 if deadline is not None:
@@ -317,10 +317,11 @@ def row_lock(
 
     Opens ``transaction.atomic(using=...)`` on Django's connection to the locks database
     (``LOCKS["DATABASE"]``), makes sure a row for ``name`` exists and takes ``SELECT ...
-    FOR UPDATE`` on it. Writes made in the block on that database commit or roll back
-    together with it. The lock ends with the transaction: when the block ends, or, in an
-    outer ``atomic`` block (where this is a savepoint), when the outer transaction ends;
-    and when the client dies. The block gets the locked ``RowLock`` row.
+    FOR UPDATE`` on it (on MariaDB, one ``INSERT ... ON DUPLICATE KEY UPDATE`` does both
+    and locks no gap next to the name). Writes made in the block on that database commit or
+    roll back together with it. The lock ends with the transaction: when the block ends,
+    or, in an outer ``atomic`` block (where this is a savepoint), when the outer transaction
+    ends; and when the client dies. The block gets the locked ``RowLock`` row.
 
     ``nowait=True`` raises ``LockBusy`` at once if another transaction holds it;
     ``timeout=s`` waits at most ``s`` seconds, then raises ``LockBusy``; ``skip_locked=True``

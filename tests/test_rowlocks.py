@@ -285,6 +285,26 @@ def test_taking_an_existing_row_lock_is_one_statement(
     assert len(own) == 0
 
 
+@pytest.mark.skipif(
+    not BACKEND.creates_row_in_transaction,
+    reason="only where one statement in the caller's transaction creates and locks the row "
+    "(MariaDB)",
+)
+def test_taking_a_new_row_lock_in_the_callers_transaction_is_one_statement(
+    own_queries: Callable[[], CaptureQueriesContext],
+) -> None:
+    with (
+        own_queries() as own,
+        CaptureQueriesContext(connection) as queries,
+        locks.row_lock("orders:22"),
+    ):
+        pass
+    statements = [q["sql"] for q in queries.captured_queries if "locks_rowlock" in q["sql"]]
+    assert len(statements) == 1, statements
+    assert len(own) == 0
+    assert RowLock.objects.filter(name="orders:22").exists()
+
+
 # --- several processes ---------------------------------------------------------------------
 
 
@@ -485,30 +505,46 @@ NEEDS_INSERT_DEADLOCK = pytest.mark.skipif(
 )
 
 
-def deadlock_creating(
-    start: Callable[..., Remote], tmp_path: Path, write_first: list[str]
+def creating_at_once(
+    start: Callable[..., Remote], tmp_path: Path, write_first: list[str], creator_dies: bool
 ) -> list[dict[str, Any]]:
     """Two sessions that create row lock "new" at once, with ``write_first`` each (see
-    ``lock_after_pause``): both wait for a third's insert, get shared locks together,
-    then each wants the row exclusively: a deadlock. Their events, in order."""
+    ``lock_after_pause``), while a third has inserted it and not committed yet: both wait
+    for it. If it commits, they take the row in turn. If it dies (``creator_dies``), its
+    insert is rolled back, both insert the row at once, and one of them deadlocks. Their
+    events, in order."""
     gate = tmp_path / "go"
     late = [start(), start()]
     for worker, write in zip(late, write_first, strict=True):
-        # Both found no row and stop right before inserting it.
+        # Both stop right before their statement that creates (or locks) the row.
         worker.send("lock_after_pause", name="new", gate=str(gate), write_first=write)
         assert worker.reply()["event"] == "paused"
     first = holding(start, "new")  # inserts the row; not committed yet
     gate.touch()
     time.sleep(0.5)  # both inserts now wait for the first
-    first.call("commit")
+    if creator_dies:
+        first.kill()  # the server rolls its transaction back
+    else:
+        first.call("commit")
     return [worker.reply() for worker in late]
+
+
+@NEEDS_INSERT_DEADLOCK
+def test_sessions_waiting_for_a_new_row_get_it_in_turn_when_its_creator_commits(
+    start: Callable[..., Remote], tmp_path: Path
+) -> None:
+    # In manual transactions, where a deadlock would not be retried: there is none (each
+    # waits for the row exclusively, no shared lock to upgrade).
+    for event in creating_at_once(start, tmp_path, ["w0", "w1"], creator_dies=False):
+        assert event["ok"] and event["locked"] and event["kept"], event
 
 
 @NEEDS_INSERT_DEADLOCK
 def test_sessions_that_deadlock_creating_one_new_row_both_get_the_lock(
     start: Callable[..., Remote], tmp_path: Path
 ) -> None:
-    for event in deadlock_creating(start, tmp_path, ["", ""]):  # the deadlock is retried
+    # The deadlock is retried.
+    for event in creating_at_once(start, tmp_path, ["", ""], creator_dies=True):
         assert event["ok"] and event["locked"], event
 
 
@@ -518,7 +554,7 @@ def test_a_deadlock_in_a_manual_transaction_is_not_retried_over_its_lost_writes(
 ) -> None:
     # With autocommit off (Django's manual transactions), the deadlock rolls back the
     # caller's whole transaction: a retry would go on in a new one as if nothing was lost.
-    events = deadlock_creating(start, tmp_path, ["w0", "w1"])
+    events = creating_at_once(start, tmp_path, ["w0", "w1"], creator_dies=True)
     for event in events:
         assert (event["ok"] and event["kept"]) or "Deadlock" in event["message"], event
     assert any(not event["ok"] for event in events), events
@@ -569,23 +605,27 @@ def test_a_row_lock_opening_its_own_transaction_takes_a_new_name_under_repeatabl
 
 
 @NEEDS_ROW_LOCKS
-@pytest.mark.xfail(
-    BACKEND.vendor == "mysql",
-    strict=True,
-    reason="MariaDB REPEATABLE READ: the FOR UPDATE that finds no row for a new name takes a "
-    "gap lock until the transaction ends, which blocks creating any other new name in the "
-    "gap (not fixed: see the review report)",
-)
-def test_row_locks_of_two_new_names_under_repeatable_read_do_not_block_each_other(
-    repeatable_read: None, start: Callable[..., Remote]
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "READ COMMITTED"])
+def test_row_locks_of_two_new_names_do_not_block_each_other(
+    level: str, start: Callable[..., Remote]
 ) -> None:
+    # Under MariaDB REPEATABLE READ, a locking read that finds no row would lock the gap
+    # around the name until the transaction ends, and block creating any name in it.
     other = start()
-    with locks.row_lock("gap:1") as row:
+    with isolation_level(level), locks.row_lock("gap:1") as row:
         assert row is not None
         # Nobody holds (or creates) "gap:2": it must be free at once.
         event = other.call("hold", name="gap:2", nowait=True)
         assert event["ok"] and event["locked"], event
         other.call("commit")
+        # "gap:1" itself, created in this transaction, is held.
+        busy = other.call("hold", name="gap:1", nowait=True)
+        assert not busy["ok"] and busy["error"] == "LockBusy", busy
+        skipped = other.call("hold", name="gap:1", skip_locked=True)
+        assert skipped["ok"] and not skipped["locked"], skipped
+        other.call("commit")
+    free = other.call("hold", name="gap:1", nowait=True)
+    assert free["ok"] and free["locked"], free
 
 
 @pytest.mark.skipif(

@@ -288,8 +288,9 @@ class Backend:
 
     # --- row locks (``SELECT ... FOR UPDATE``; see locks/rowlocks.py) ----------------------
 
-    #: Whether a missing row-lock row is inserted inside the caller's transaction (where
-    #: the insert itself locks the new row) rather than on the app's own connection.
+    #: Whether the row lock is taken by one statement inside the caller's transaction that
+    #: also creates a missing row (:meth:`take_row_lock`), rather than by a locking read
+    #: (:meth:`select_row_lock`) with the missing row created on the app's own connection.
     creates_row_in_transaction = False
 
     def select_row_lock(
@@ -308,11 +309,19 @@ class Backend:
         cursor.execute("SELECT 1 FROM locks_rowlock WHERE name = %s", [name])
         return cursor.fetchone() is not None
 
-    def insert_row_lock(self, cursor: Cursor, name: str, *, nowait: bool = False) -> bool:
+    def take_row_lock(self, cursor: Cursor, name: str, *, nowait: bool) -> None:
+        """Lock the row of ``name`` for the current transaction, creating it if missing, in
+        one statement. Only where :attr:`creates_row_in_transaction`.
+
+        With ``nowait``, a row that another transaction holds or is inserting fails at once
+        (a lock-busy error).
+        """
+        raise NotImplementedError
+
+    def insert_row_lock(self, cursor: Cursor, name: str) -> bool:
         """Create the row of ``name`` unless it exists; True if this statement created it.
 
-        Safe when many sessions create the same row at once. With ``nowait``, a row that
-        another transaction is inserting or holding fails at once (a lock-busy error).
+        Safe when many sessions create the same row at once.
         """
         cursor.execute(
             "INSERT INTO locks_rowlock (name) VALUES (%s) ON CONFLICT (name) DO NOTHING "

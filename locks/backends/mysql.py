@@ -75,9 +75,12 @@ REAP = f"DELETE FROM locks_lock WHERE {EXPIRED} ORDER BY expires_at LIMIT %s"
 
 TRANSIENT_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock
 
-# Inside the caller's transaction: a row this inserts is locked by the insert itself.
-INSERT_ROW_LOCK = "INSERT IGNORE INTO locks_rowlock (name) VALUES (%s) RETURNING name"
-# INSERT IGNORE waits for a conflicting row's lock; 0 makes that wait fail at once (1205).
+# The row lock, in the caller's transaction: a new row is locked by its insert, an existing
+# one by the duplicate key, exclusively and only that record (the name is the primary key).
+# Not a SELECT ... FOR UPDATE first: under REPEATABLE READ, one that finds no row locks the
+# gap around the name until the transaction ends, and every other new name there waits.
+TAKE_ROW_LOCK = "INSERT INTO locks_rowlock (name) VALUES (%s) ON DUPLICATE KEY UPDATE name = name"
+# The insert waits for a conflicting row's lock; 0 makes that wait fail at once (1205).
 NO_LOCK_WAIT = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR "
 # Lock wait timeout (also what NOWAIT raises on MariaDB), max_statement_time, MySQL's NOWAIT.
 LOCK_BUSY_CODES = frozenset({1205, 1969, 3572})
@@ -170,9 +173,8 @@ class MySQLBackend(Backend):
 
     creates_row_in_transaction = True
 
-    def insert_row_lock(self, cursor: Cursor, name: str, *, nowait: bool = False) -> bool:
-        cursor.execute((NO_LOCK_WAIT if nowait else "") + INSERT_ROW_LOCK, [name])
-        return cursor.fetchone() is not None
+    def take_row_lock(self, cursor: Cursor, name: str, *, nowait: bool) -> None:
+        cursor.execute((NO_LOCK_WAIT if nowait else "") + TAKE_ROW_LOCK, [name])
 
     @contextmanager
     def _statement_deadline(
