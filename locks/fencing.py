@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any, TypeVar, cast
 
 from django.db import connections, models, router, transaction
@@ -41,6 +41,44 @@ def _by_ids(queryset: models.QuerySet[Any], owner: type[models.Model], values: A
     )
 
 
+def _batches(ids: list[Any], using: str, reserve: int) -> Iterator[list[Any]]:
+    """``ids`` in slices that fit one statement with ``reserve`` other parameters.
+
+    A statement takes only so many parameters: SQLite's build limit (999 by Django's
+    count), PostgreSQL's 65535 when bound on the server.
+
+    Example::
+
+        for batch in _batches(pks, "default", reserve=2):
+            Account.objects.filter(pk__in=batch, fence__lte=token).update(fence=token)
+    """
+    size = max((connections[using].features.max_query_params or 65_535) - reserve, 1)
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
+
+
+def _refuse_newer(rows: models.QuerySet[Any], token: int, model: type[models.Model]) -> None:
+    """Raise ``StaleToken`` if any of ``rows`` has a fence greater than ``token``.
+
+    The rows claimed are locked by now; any row left with a greater fence means a newer
+    holder wrote first, and then none of the changes may stand (the exception rolls back
+    the transaction they run in).
+
+    Example::
+
+        _refuse_newer(Account.objects.filter(pk__in=batch), token, Account)
+    """
+    newer = list(
+        rows.filter(fence__gt=token).order_by().select_for_update().values_list("pk", FENCE)[:1]
+    )
+    if newer:
+        pk, fence = newer[0]
+        raise StaleToken(
+            f"fenced update of {model._meta.label} with token {token} refused: "
+            f"row pk={pk!r} was written with the newer token {fence}; nothing was written"
+        )
+
+
 class FencedQuerySet(models.QuerySet[_F]):
     """Queries over a :class:`FencedModel`; adds :meth:`fenced_update`.
 
@@ -75,31 +113,25 @@ class FencedQuerySet(models.QuerySet[_F]):
             if not _by_ids(self, owner, values):
                 rows: models.QuerySet[Any] = self.using(using)
                 updated = rows.filter(fence__lte=token).update(fence=token, **values)
-                late: dict[str, Any] = {}
-            else:
-                # Django would update the fence's table through ids it selected first,
-                # without the fence condition: claim the rows on that one table, by id,
-                # where the condition holds.
-                pks = list(self.using(using).order_by().values_list("pk", flat=True))
-                rows = owner._base_manager.using(using).filter(pk__in=pks)
-                updated = rows.filter(fence__lte=token).update(fence=token)
-                late = values
-            # The rows updated are locked by now; any row left with a greater fence means a
-            # newer holder wrote first, and then none of our changes may stand.
-            newer = list(
-                rows.filter(fence__gt=token)
-                .order_by()
-                .select_for_update()
-                .values_list("pk", FENCE)[:1]
-            )
-            if newer:
-                pk, fence = newer[0]
-                raise StaleToken(
-                    f"fenced update of {self.model._meta.label} with token {token} refused: "
-                    f"row pk={pk!r} was written with the newer token {fence}; nothing was written"
-                )
-            if late:
-                self.model._base_manager.using(using).filter(pk__in=pks).update(**late)
+                _refuse_newer(rows, token, self.model)
+                return updated
+            # Django would update the fence's table through ids it selected first, without
+            # the fence condition: claim the rows on that one table, by id, where the
+            # condition holds; then write the values by the same ids. The ids go in
+            # batches, each statement with room for the token twice and, as Django's
+            # bulk_update() counts, one parameter per value; each id once, as a join may
+            # repeat a row and batches would count it again.
+            pks = list(dict.fromkeys(self.using(using).order_by().values_list("pk", flat=True)))
+            owned = owner._base_manager.using(using)
+            batches = list(_batches(pks, using, reserve=2 + len(values)))
+            updated = 0
+            for batch in batches:
+                rows = owned.filter(pk__in=batch)
+                updated += rows.filter(fence__lte=token).update(fence=token)
+                _refuse_newer(rows, token, self.model)
+            if values:
+                for batch in batches:
+                    self.model._base_manager.using(using).filter(pk__in=batch).update(**values)
         return updated
 
     def fenced_delete(self, token: int) -> tuple[int, dict[str, int]]:
@@ -129,20 +161,15 @@ class FencedQuerySet(models.QuerySet[_F]):
             rows = self.using(using).filter(fence__lte=token).order_by()
             pks = list(rows.values_list("pk", flat=True))
             owner = _fence_owner(self.model)._base_manager.using(using)
-            # The ids go in batches: a statement takes only so many parameters (SQLite's
-            # build limit, 999 by Django's count; PostgreSQL's 65535 when bound on the
-            # server), where Django's delete() of the queryset needed no list of them.
-            size = (connections[using].features.max_query_params or 65_535) - 1
+            # The ids go in batches, where Django's delete() of the queryset needed no
+            # list of them.
             locked: list[Any] = []
-            for start in range(0, len(pks), size):
-                ours = owner.filter(pk__in=pks[start : start + size], fence__lte=token)
+            for batch in _batches(pks, using, reserve=1):
+                ours = owner.filter(pk__in=batch, fence__lte=token)
                 locked += ours.order_by().select_for_update().values_list("pk", flat=True)
             deleted, per_model = 0, Counter[str]()
-            for start in range(0, len(locked), size):
-                batch = self.model._base_manager.using(using).filter(
-                    pk__in=locked[start : start + size]
-                )
-                count, counts = batch.delete()
+            for batch in _batches(locked, using, reserve=1):
+                count, counts = self.model._base_manager.using(using).filter(pk__in=batch).delete()
                 deleted += count
                 per_model.update(counts)
             return deleted, dict(per_model)

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.db import OperationalError, connection, transaction
+from django.db.models import Value
+from django.db.models.functions import Concat
 from django.test.utils import CaptureQueriesContext
 
 import locks
@@ -331,6 +333,25 @@ def test_fenced_delete_of_more_rows_than_a_statement_takes_parameters(
     deleted = FencedRecord.objects.all().fenced_delete(5)
     assert deleted == (count, {FencedRecord._meta.label: count})
     assert not FencedRecord.objects.exists()
+
+
+def test_fenced_update_by_ids_of_more_rows_than_a_statement_takes_parameters(
+    few_parameters: int,
+) -> None:
+    # A filter across a join: the ids are selected first, then the fence's table is
+    # claimed and the values written by them, in batches that fit a statement; a newer
+    # token on the last row still leaves every batch unwritten.
+    count = few_parameters * 2 + 3
+    FencedRecord.objects.bulk_create(FencedRecord(key=str(n)) for n in range(count))
+    rows = FencedRecord.objects.filter(fencedshipment__isnull=True)
+    last = FencedRecord.objects.order_by("pk").last()
+    assert last is not None
+    FencedRecord.objects.filter(pk=last.pk).fenced_update(9, data="nine")
+    with pytest.raises(locks.StaleToken, match="newer token 9"):
+        rows.fenced_update(7, data="seven")
+    assert FencedRecord.objects.filter(fence=0, data="").count() == count - 1
+    assert rows.fenced_update(9, data="x", key=Concat("key", Value("!"))) == count
+    assert FencedRecord.objects.filter(fence=9, data="x", key__endswith="!").count() == count
 
 
 def shipment(fence: int) -> FencedShipment:
