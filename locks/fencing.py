@@ -25,6 +25,19 @@ def _fence_owner(model: type[models.Model]) -> type[models.Model]:
     return cast(type[models.Model], owner._meta.concrete_model)
 
 
+def _fence_id(model: type[models.Model]) -> str:
+    """The name, on ``model``, of the primary key of the row that holds its fence.
+
+    Under multi-table inheritance from several concrete parents, the child's own pk is
+    its link to the first parent, and the fence may be on another parent's row.
+
+    Example::
+
+        Pallet.objects.values_list(_fence_id(Pallet), flat=True)  # the crates' ids
+    """
+    return _fence_owner(model)._meta.pk.name
+
+
 def _by_ids(queryset: models.QuerySet[Any], owner: type[models.Model], values: Any) -> bool:
     """Whether Django's update() would select the rows' ids first and then update by them.
 
@@ -75,7 +88,8 @@ def _refuse_newer(rows: models.QuerySet[Any], token: int, model: type[models.Mod
         pk, fence = newer[0]
         raise StaleToken(
             f"fenced update of {model._meta.label} with token {token} refused: "
-            f"row pk={pk!r} was written with the newer token {fence}; nothing was written"
+            f"row {rows.model._meta.label} pk={pk!r} was written with the newer token {fence}; "
+            "nothing was written"
         )
 
 
@@ -121,7 +135,8 @@ class FencedQuerySet(models.QuerySet[_F]):
             # batches, each statement with room for the token twice and, as Django's
             # bulk_update() counts, one parameter per value; each id once, as a join may
             # repeat a row and batches would count it again.
-            pks = list(dict.fromkeys(self.using(using).order_by().values_list("pk", flat=True)))
+            key = _fence_id(self.model)
+            pks = list(dict.fromkeys(self.using(using).order_by().values_list(key, flat=True)))
             owned = owner._base_manager.using(using)
             batches = list(_batches(pks, using, reserve=2 + len(values)))
             updated = 0
@@ -131,7 +146,8 @@ class FencedQuerySet(models.QuerySet[_F]):
                 _refuse_newer(rows, token, self.model)
             if values:
                 for batch in batches:
-                    self.model._base_manager.using(using).filter(pk__in=batch).update(**values)
+                    ours = self.model._base_manager.using(using).filter(**{f"{key}__in": batch})
+                    ours.update(**values)
         return updated
 
     def fenced_delete(self, token: int) -> tuple[int, dict[str, int]]:
@@ -159,7 +175,8 @@ class FencedQuerySet(models.QuerySet[_F]):
             # the DELETE (READ COMMITTED), would go. Delete only the rows locked here with
             # a fence that is still at most ours, on the fence's own table.
             rows = self.using(using).filter(fence__lte=token).order_by()
-            pks = list(rows.values_list("pk", flat=True))
+            key = _fence_id(self.model)
+            pks = list(rows.values_list(key, flat=True))
             owner = _fence_owner(self.model)._base_manager.using(using)
             # The ids go in batches, where Django's delete() of the queryset needed no
             # list of them.
@@ -169,7 +186,8 @@ class FencedQuerySet(models.QuerySet[_F]):
                 locked += ours.order_by().select_for_update().values_list("pk", flat=True)
             deleted, per_model = 0, Counter[str]()
             for batch in _batches(locked, using, reserve=1):
-                count, counts = self.model._base_manager.using(using).filter(pk__in=batch).delete()
+                ours = self.model._base_manager.using(using).filter(**{f"{key}__in": batch})
+                count, counts = ours.delete()
                 deleted += count
                 per_model.update(counts)
             return deleted, dict(per_model)
@@ -265,7 +283,8 @@ class FencedModel(RawSaveAware):
         db = using or router.db_for_write(type(self), instance=self)
         # The claim runs on the one table that holds the fence (a parent's, under
         # multi-table inheritance), so that it is one conditional UPDATE.
-        rows = _fence_owner(type(self))._base_manager.using(db).filter(pk=self.pk)
+        owner = _fence_owner(type(self))
+        rows = owner._base_manager.using(db).filter(pk=getattr(self, owner._meta.pk.attname))
         with transaction.atomic(using=db):
             if not rows.filter(fence__lte=token).update(fence=token):
                 newer = newest(rows).values_list(FENCE, flat=True).first()

@@ -18,7 +18,15 @@ from django.db.models.functions import Concat
 from django.test.utils import CaptureQueriesContext
 
 import locks
-from tests.app.models import FencedParcel, FencedRecord, FencedShipment, Item
+from tests.app.models import (
+    Carton,
+    FencedCrate,
+    FencedPallet,
+    FencedParcel,
+    FencedRecord,
+    FencedShipment,
+    Item,
+)
 from tests.conftest import BACKEND, isolation_level
 from tests.remote import Remote, remotes
 
@@ -437,6 +445,67 @@ def test_a_fenced_update_across_tables_never_sets_an_older_fence_over_a_newer_on
     assert FencedParcel.objects.values_list("label", "state", "fence").get() == ("new", "new", 5)
     assert FencedParcel.objects.filter(pk=parcel.pk).fenced_update(6, label="six") == 1
     assert FencedParcel.objects.values_list("label", "fence").get() == ("six", 6)
+
+
+def pallet(fence: int) -> FencedPallet:
+    """A pallet whose two parents' ids differ, and a crate of its own with the pallet's pk."""
+    Carton.objects.create(label="no pallet")  # the cartons' ids run one ahead of the crates'
+    child = FencedPallet.objects.create(label="pallet", contents="newer", slot="a1")
+    child.save(fence=fence)
+    other = FencedCrate.objects.create(contents="another crate")
+    assert child.pk == other.pk != child.fencedcrate_ptr_id
+    return child
+
+
+def pallets_and_crates() -> list[tuple[Any, ...]]:
+    return [
+        *FencedPallet.objects.values_list("label", "contents", "slot", "fence"),
+        *FencedCrate.objects.filter(fencedpallet=None).values_list("contents", "fence"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda child: FencedPallet.objects.get(pk=child.pk).delete(fence=3),
+        lambda child: FencedPallet.objects.filter(slot="a1").fenced_delete(3),
+        lambda child: FencedPallet.objects.filter(slot="a1").fenced_update(3, slot="b2"),
+        lambda child: FencedPallet.objects.filter(slot="a1").fenced_update(3, label="old"),
+    ],
+    ids=["delete", "fenced_delete", "fenced_update", "fenced_update-first-parent"],
+)
+def test_fenced_writes_with_the_fence_on_a_second_concrete_parent_check_that_parents_row(
+    write: Callable[[FencedPallet], object],
+) -> None:
+    # The pallet's pk is its link to its first parent; the fence is on its second, whose
+    # row has another id: the claim must find the pallet's crate, not the crate whose id
+    # is the pallet's pk.
+    child = pallet(fence=7)
+    before = pallets_and_crates()
+    with pytest.raises(locks.StaleToken):
+        write(child)
+    assert (
+        pallets_and_crates()
+        == before
+        == [
+            ("pallet", "newer", "a1", 7),
+            ("another crate", 0),
+        ]
+    )
+
+
+def test_fenced_writes_with_the_fence_on_a_second_concrete_parent_go_through() -> None:
+    child = pallet(fence=7)
+    assert FencedPallet.objects.filter(slot="a1").fenced_update(8, slot="b2", contents="8") == 1
+    assert pallets_and_crates() == [("pallet", "8", "b2", 8), ("another crate", 0)]
+    FencedPallet.objects.get(pk=child.pk).delete(fence=8)
+    assert pallets_and_crates() == [("another crate", 0)]
+    again = pallet(fence=9)
+    assert FencedPallet.objects.filter(pk=again.pk).fenced_delete(9) == (
+        3,
+        {"testapp.FencedPallet": 1, "testapp.Carton": 1, "testapp.FencedCrate": 1},
+    )
+    assert pallets_and_crates() == [("another crate", 0)] * 2
 
 
 @pytest.mark.parametrize(

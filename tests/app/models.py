@@ -79,6 +79,38 @@ class FencedParcel(Parcel, FencedModel):  # type: ignore[misc]  # two default ma
         return f"{self.label}: {self.state} (fence {self.fence})"
 
 
+class Carton(models.Model):
+    """A plain model, FencedPallet's first parent: the pallet's pk is its link to it."""
+
+    carton_id = models.BigAutoField(primary_key=True)
+    label = models.CharField(max_length=100, blank=True, default="")
+
+    def __str__(self) -> str:
+        return self.label
+
+
+class FencedCrate(FencedModel):
+    """A fenced model, FencedPallet's second parent: the pallet's fence is its column."""
+
+    crate_id = models.BigAutoField(primary_key=True)
+    contents = models.CharField(max_length=100, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"{self.contents} (fence {self.fence})"
+
+
+class FencedPallet(Carton, FencedCrate):  # type: ignore[misc]  # two default managers: ours wins
+    """Two concrete parents: its pk is the link to the first, its fence the second's column."""
+
+    slot = models.CharField(max_length=100, blank=True, default="")
+
+    # The first parent's manager would come first, without fenced_update().
+    objects = FencedQuerySet.as_manager()  # type: ignore[misc,django-manager-missing]
+
+    def __str__(self) -> str:
+        return f"{self.label} in {self.slot} (fence {self.fence})"
+
+
 class VersionedNote(VersionedModel):
     """A row edited by several people at once, guarded by optimistic versions."""
 
