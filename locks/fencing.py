@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Iterator
 from typing import Any, TypeVar, cast
 
-from django.db import connections, models, router, transaction
+from django.db import NotSupportedError, connections, models, router, transaction
 from django.db.models import Field
 
 from . import validation
@@ -70,6 +70,22 @@ def _batches(ids: list[Any], using: str, reserve: int) -> Iterator[list[Any]]:
         yield ids[start : start + size]
 
 
+def _refuse_combined(queryset: models.QuerySet[Any], method: str) -> None:
+    """Raise ``NotSupportedError`` for a union(), intersection() or difference() queryset.
+
+    As Django's update() and delete() do: the rows of such a queryset are not rows of one
+    table to write.
+
+    Example::
+
+        _refuse_combined(Account.objects.union(Account.objects.all()), "fenced_update")
+    """
+    if queryset.query.combinator:
+        raise NotSupportedError(
+            f"{method}() cannot run after {queryset.query.combinator}(); nothing was written"
+        )
+
+
 def _refuse_newer(rows: models.QuerySet[Any], token: int, model: type[models.Model]) -> None:
     """Raise ``StaleToken`` if any of ``rows`` has a fence greater than ``token``.
 
@@ -81,9 +97,12 @@ def _refuse_newer(rows: models.QuerySet[Any], token: int, model: type[models.Mod
 
         _refuse_newer(Account.objects.filter(pk__in=batch), token, Account)
     """
-    newer = list(
-        rows.filter(fence__gt=token).order_by().select_for_update().values_list("pk", FENCE)[:1]
-    )
+    check = rows.filter(fence__gt=token).order_by().select_for_update().values_list("pk", FENCE)
+    # The rows the UPDATE saw: Django's update() leaves out DISTINCT and GROUP BY, and
+    # PostgreSQL refuses them with FOR UPDATE. (An aggregate in the filter is in HAVING,
+    # which the UPDATE has already failed on.)
+    check.query.distinct, check.query.distinct_fields, check.query.group_by = False, (), None
+    newer = list(check[:1])
     if newer:
         pk, fence = newer[0]
         raise StaleToken(
@@ -108,7 +127,8 @@ class FencedQuerySet(models.QuerySet[_F]):
         All or nothing: if any row of the queryset was already written with a greater
         token, nothing is changed and ``StaleToken`` is raised. Rows written with the
         same token may be written again. Returns the number of rows updated. Runs in
-        one transaction (a savepoint inside an outer one).
+        one transaction (a savepoint inside an outer one). As Django's ``update()``, it
+        refuses a ``union()`` queryset (``NotSupportedError``).
 
         Example::
 
@@ -120,6 +140,7 @@ class FencedQuerySet(models.QuerySet[_F]):
             raise TypeError(f"fenced_update() sets {FENCE!r} itself, to the token; do not pass it")
         if self.query.is_sliced:
             raise TypeError("fenced_update() cannot run on a sliced queryset")
+        _refuse_combined(self, "fenced_update")
         # The database update() would write to.
         using = cast(Any, self)._db or router.db_for_write(self.model)
         owner = _fence_owner(self.model)
@@ -156,7 +177,9 @@ class FencedQuerySet(models.QuerySet[_F]):
         All or nothing, as :meth:`fenced_update`: the rows are first claimed for
         ``token`` (which locks them), and if any was written with a greater token,
         ``StaleToken`` is raised and nothing is deleted. Returns what Django's
-        ``delete()`` returns. Rows that Django deletes by cascade are not checked.
+        ``delete()`` returns. Rows that Django deletes by cascade are not checked. As
+        Django's ``delete()``, it refuses a ``union()`` queryset (``NotSupportedError``)
+        and one after ``distinct(*fields)`` (``TypeError``).
 
         Example::
 
@@ -166,6 +189,11 @@ class FencedQuerySet(models.QuerySet[_F]):
         token = validation.check_token(token)
         if self.query.is_sliced:
             raise TypeError("fenced_delete() cannot run on a sliced queryset")
+        _refuse_combined(self, "fenced_delete")
+        if self.query.distinct_fields:
+            # As Django's delete(): the claim would take every row of the filter, the
+            # delete only one row of each distinct value.
+            raise TypeError("fenced_delete() cannot run after distinct(*fields)")
         using = cast(Any, self)._db or router.db_for_write(self.model)
         with transaction.atomic(using=using):
             self.using(using).fenced_update(token)

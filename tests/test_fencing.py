@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import OperationalError, connection, transaction
-from django.db.models import Value
+from django.db import NotSupportedError, OperationalError, connection, transaction
+from django.db.models import Count, Max, Value
 from django.db.models.functions import Concat
 from django.test.utils import CaptureQueriesContext
 
@@ -259,8 +259,9 @@ def test_a_stale_fenced_write_leaves_the_outer_transaction_usable(
         (lambda qs: qs.fenced_update(0, data="x"), ValueError),
         (lambda qs: qs.fenced_update(5, fence=3), TypeError),
         (lambda qs: qs[:1].fenced_update(5, data="x"), TypeError),
+        (lambda qs: qs.union(qs).fenced_update(5, data="x"), NotSupportedError),
     ],
-    ids=["str-token", "zero-token", "fence-given", "sliced"],
+    ids=["str-token", "zero-token", "fence-given", "sliced", "union"],
 )
 def test_fenced_update_refuses_bad_arguments_before_any_query(
     call: Callable[[Any], Any], error: type[Exception]
@@ -270,6 +271,30 @@ def test_fenced_update_refuses_bad_arguments_before_any_query(
         call(FencedRecord.objects.all())
     assert len(queries) == 0
     assert stored(record.pk) == ("a", 0)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda rows: rows.union(rows).fenced_update(5, data="x"),
+        lambda rows: rows.union(rows).fenced_delete(5),
+        lambda rows: rows.distinct("key").fenced_delete(5),
+    ],
+    ids=["union-update", "union-delete", "distinct-fields-delete"],
+)
+def test_fenced_writes_refuse_what_djangos_writes_refuse_before_any_query(
+    call: Callable[[Any], Any],
+) -> None:
+    # As Django's update() and delete(): a combined queryset has no rows to write by
+    # id, and a delete after distinct(*fields) would claim rows it does not delete.
+    child = shipment(fence=3)
+    with (
+        CaptureQueriesContext(connection) as queries,
+        pytest.raises((TypeError, NotSupportedError)),
+    ):
+        call(FencedShipment.objects.filter(carrier="ups"))
+    assert len(queries) == 0
+    assert FencedShipment.objects.values_list("pk", "data", "fence").get() == (child.pk, "newer", 3)
 
 
 # --- delete(fence=...) and fenced_delete ------------------------------------------------------
@@ -360,6 +385,40 @@ def test_fenced_update_by_ids_of_more_rows_than_a_statement_takes_parameters(
     assert FencedRecord.objects.filter(fence=0, data="").count() == count - 1
     assert rows.fenced_update(9, data="x", key=Concat("key", Value("!"))) == count
     assert FencedRecord.objects.filter(fence=9, data="x", key__endswith="!").count() == count
+
+
+GROUPED: dict[str, Callable[[Any], Any]] = {
+    "distinct": lambda rows: rows.distinct(),
+    "values-distinct": lambda rows: rows.values("key").distinct(),
+    "aggregate": lambda rows: rows.annotate(greatest=Max("fence")),
+    "values-aggregate": lambda rows: rows.values("data").annotate(count=Count("pk")),
+}
+if BACKEND == "postgresql":
+    GROUPED["distinct-fields"] = lambda rows: rows.order_by("key").distinct("key")
+
+
+@pytest.mark.parametrize("name", list(GROUPED))
+def test_fenced_writes_of_distinct_and_grouped_querysets_work_as_on_the_plain_one(
+    name: str,
+) -> None:
+    # PostgreSQL refuses FOR UPDATE with DISTINCT or GROUP BY: the check for a newer
+    # token must not carry them, as Django's UPDATE does not.
+    a, b, c = FencedRecord.objects.bulk_create(
+        FencedRecord(key=key, data="todo") for key in ("a", "b", "c")
+    )
+    FencedRecord.objects.create(key="other", data="other")
+    rows, shape = FencedRecord.objects.filter(data="todo"), GROUPED[name]
+    assert shape(rows).fenced_update(5, data="todo") == 3
+    FencedRecord.objects.filter(pk=c.pk).fenced_update(9)
+    with pytest.raises(locks.StaleToken, match="newer token 9"):
+        shape(rows).fenced_update(7, data="seven")
+    # Django's delete() refuses distinct(*fields), and so does fenced_delete().
+    deletes = name != "distinct-fields"
+    with pytest.raises(locks.StaleToken if deletes else TypeError):
+        shape(rows).fenced_delete(7)
+    assert [stored(pk) for pk in (a.pk, b.pk, c.pk)] == [("todo", 5), ("todo", 5), ("todo", 9)]
+    assert (shape(rows) if deletes else rows).fenced_delete(9) == (3, {FencedRecord._meta.label: 3})
+    assert FencedRecord.objects.values_list("key", flat=True).get() == "other"
 
 
 def shipment(fence: int) -> FencedShipment:
