@@ -37,6 +37,7 @@ from .leases import (
     _end,
     _Request,
     function_kind,
+    made_leases,
     notifies,
     unset,
 )
@@ -104,6 +105,10 @@ async def run_sync(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) 
     and runs it to its end: a :class:`Lease` it returns then is released, as a lease won
     by a cancelled :func:`aacquire` is, instead of being held for nobody until its TTL.
 
+    Only a lease the call took itself (a new grant or a re-entry, which gives back its
+    own re-entry) is released so: one it merely returns, made before the call, stays its
+    owner's.
+
     Example::
 
         await run_sync(lease.renew, 30)
@@ -129,18 +134,26 @@ async def _attempt(attempt: Callable[[], T]) -> T:
     lease back, the thread at once, the caller in a thread of its own.
     """
     mutex = threading.Lock()
-    handed: list[T] = []  # what the thread won, once it has finished
+    handed: list[Lease | None] = []  # the lease the thread won, once it has finished
     abandoned = False
 
     def run() -> T:
-        won = attempt()
+        made: list[Lease] = []
+        collecting = made_leases.set(made)
+        try:
+            result = attempt()
+        finally:
+            made_leases.reset(collecting)
+        # Only a lease made by this very call: an older one it returns is still held by
+        # someone who knows it (the caller, before it was cancelled).
+        won = next((lease for lease in made if lease is result), None)
         with mutex:
             if not abandoned:
                 handed.append(won)
-                return won
-        if isinstance(won, Lease):
+                return result
+        if won is not None:
             _release_quietly(won)
-        return won
+        return result
 
     # _in_thread, not run_sync: run_sync comes through here.
     future = asyncio.ensure_future(_in_thread(run))
@@ -150,7 +163,7 @@ async def _attempt(attempt: Callable[[], T]) -> T:
         with mutex:
             abandoned = True
             won = handed[0] if handed else None
-        if isinstance(won, Lease):
+        if won is not None:
             threading.Thread(target=_release_quietly, args=(won,), name="locks-release").start()
         # Nobody awaits the attempt now: fetch its error (a LockBusy at the end of a wait,
         # say), or asyncio logs it as never retrieved.

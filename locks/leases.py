@@ -37,6 +37,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 HELD, RELEASED, LOST = "held", "released", "lost"
 
+# Where the leases made in this context are collected while someone asks (aio's run_sync:
+# a lease the call took is released if its caller is gone, one it only returned is not).
+made_leases: ContextVar[list[Lease] | None] = ContextVar("locks_made_leases", default=None)
+
 #: Seconds a blocked acquire stays in the queue of its name without reaching the head
 #: before it looks at the lock itself (and queues again, at the back).
 QUEUE_PATIENCE = 2.0
@@ -345,6 +349,9 @@ class Lease:
         # renewing, also when the release failed (the holder wanted it over; it expires by
         # itself then).
         self._unwatched = False
+        made = made_leases.get()
+        if made is not None:
+            made.append(self)
 
     def __repr__(self) -> str:
         return (

@@ -265,6 +265,58 @@ def test_a_lease_won_by_a_run_sync_call_whose_caller_was_cancelled_is_released()
     )
 
 
+def cancelled_run_sync(function: Callable[[], T]) -> Coroutine[Any, Any, None]:
+    """Call ``function`` through run_sync, cancel the caller while it runs, let it finish."""
+
+    async def main() -> None:
+        started, go = threading.Event(), threading.Event()
+
+        def call() -> T:
+            started.set()
+            go.wait(10)  # until its caller has been cancelled
+            return function()
+
+        caller = asyncio.create_task(run_sync(call))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        go.set()
+        # Let the call (and any clean-up it set off) run to its end.
+        while len(asyncio.all_tasks()) > 1:
+            await asyncio.sleep(0.01)
+
+    return main()
+
+
+def test_a_cancelled_run_sync_call_leaves_a_lease_it_returned_but_did_not_take_alone() -> None:
+    # The caller held the lease before the call, which only renewed it and handed it back:
+    # it is not a lease won for nobody, and its owner still relies on it.
+    lease = locks.acquire("aio:kept", ttl=30)
+
+    def renewed() -> locks.Lease:
+        lease.renew()
+        return lease
+
+    asyncio.run(cancelled_run_sync(renewed))
+    assert lease.held and locks.check_token("aio:kept", lease.token), (
+        "the lease its owner held before the cancelled call was released"
+    )
+    lease.release()
+    assert not Lock.objects.exists()
+
+
+def test_a_cancelled_run_sync_reentry_gives_back_only_its_own_reentry() -> None:
+    lease = locks.acquire("aio:reentered", ttl=30, holder="owner")
+    # The call's re-entry is its own to give back; the holding it re-entered is not.
+    asyncio.run(cancelled_run_sync(lambda: locks.acquire("aio:reentered", ttl=30, holder="owner")))
+    row = Lock.objects.get(name="aio:reentered")
+    assert (row.holder, row.token, row.count) == ("owner", lease.token, 1)
+    lease.release()
+    assert not Lock.objects.exists()
+
+
 def test_a_run_sync_call_that_completes_returns_its_lease_held() -> None:
     blocker = locks.acquire("aio:run-sync-done", ttl=30, holder=OTHER)
 
