@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     ModelAdmin = admin.ModelAdmin[Lock]
 else:  # ModelAdmin is generic only in django-stubs, not at run time
     ModelAdmin = admin.ModelAdmin
+
+#: Lock names looked up per query when a break is confirmed.
+CONFIRM_BATCH = 500
 
 #: Actions that change lock rows: they need the ``locks.break_lock`` permission.
 GUARDED_ACTIONS = ("break_locks", "reap_expired")
@@ -151,6 +155,7 @@ class LockAdmin(ModelAdmin):
             "title": "Break locks",
             "subtitle": None,
             "locks": rows,
+            "holdings": json.dumps([f"{lock.token} {lock.name}" for lock in rows]),
             "opts": self.opts,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "media": self.media,
@@ -159,21 +164,28 @@ class LockAdmin(ModelAdmin):
         return TemplateResponse(request, self.break_confirmation_template, context)
 
     def _break_confirmed(self, request: HttpRequest, queryset: QuerySet[Lock]) -> None:
-        shown = _shown_holdings(request.POST.getlist("holding"))
+        # The page posts them as one JSON list ("holdings"); a "holding" field per lock,
+        # as pages before it did, is read too.
+        posted = request.POST.getlist("holding") + _listed(request.POST.get("holdings", ""))
+        shown = _shown_holdings(posted)
         broken: list[str] = []
         changed: list[str] = []
         error: LockError | None = None
+        names = list(shown)
         try:
-            for lock in queryset:
-                token = shown.pop(lock.name, None)
-                # break_lock(token=...) deletes only the holding that was on the page.
-                if token is None or token != lock.token:
-                    changed.append(lock.name)
-                elif break_lock(lock.name, token=token, using=conf.DATABASE):
-                    self._log_break(request, lock)
-                    broken.append(lock.name)
-                else:
-                    changed.append(lock.name)
+            # Only the rows shown, out of what may be every row (select_across), in
+            # batches that keep each query within the databases' parameter limits.
+            for start in range(0, len(names), CONFIRM_BATCH):
+                for lock in queryset.filter(name__in=names[start : start + CONFIRM_BATCH]):
+                    token = shown.pop(lock.name)
+                    # break_lock(token=...) deletes only the holding that was on the page.
+                    if token != lock.token:
+                        changed.append(lock.name)
+                    elif break_lock(lock.name, token=token, using=conf.DATABASE):
+                        self._log_break(request, lock)
+                        broken.append(lock.name)
+                    else:
+                        changed.append(lock.name)
         except LockError as exc:
             # E.g. SQLite, with a transaction of the project's own open on the file of
             # the locks: the operator gets the reason and what was done, not a 500.
@@ -216,6 +228,17 @@ class LockAdmin(ModelAdmin):
             self.message_user(request, f"Could not reap expired locks: {exc}", messages.ERROR)
             return
         self.message_user(request, f"Reaped {deleted} expired lock(s).")
+
+
+def _listed(value: str) -> list[str]:
+    """The confirmation page's holdings field: a JSON list of strings; else nothing."""
+    try:
+        decoded = json.loads(value) if value else []
+    except ValueError:
+        return []
+    if not isinstance(decoded, list):
+        return []
+    return [item for item in decoded if isinstance(item, str)]
 
 
 def _shown_holdings(values: list[str]) -> dict[str, int]:

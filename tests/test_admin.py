@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
@@ -125,7 +127,8 @@ def test_break_asks_for_confirmation_then_breaks_and_logs_holder_and_token() -> 
     assert page.status_code == 200
     assert "admin/locks/lock/break_confirmation.html" in [t.name for t in page.templates]
     html = page.content.decode()
-    assert "worker-stuck" in html and f'value="{lease.token} jobs:stuck"' in html
+    assert "worker-stuck" in html
+    assert json.loads(form_fields(html)["holdings"][0]) == [f"{lease.token} jobs:stuck"]
     assert locks.is_locked("jobs:stuck"), "nothing is broken before the confirmation"
 
     confirm = {"post": "yes", "holding": f"{lease.token} jobs:stuck"}
@@ -341,3 +344,52 @@ def test_a_lock_released_before_the_confirmation_is_reported_as_left_alone() -> 
     assert b"Broke" not in done.content
     assert list(Lock.objects.values_list("name", flat=True)) == ["jobs:other"]
     other.release()
+
+
+class _FormFields(HTMLParser):
+    """The fields a browser posts from the page's forms that post back to the page itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: dict[str, list[str]] = {}
+        self._inside = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        named = dict(attrs)
+        if tag == "form":
+            self._inside = "action" not in named  # not the logout form
+        elif (
+            tag == "input" and self._inside and named.get("name") and named.get("type") != "submit"
+        ):
+            self.fields.setdefault(str(named["name"]), []).append(named.get("value") or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._inside = False
+
+
+def form_fields(html: str) -> dict[str, list[str]]:
+    parser = _FormFields()
+    parser.feed(html)
+    return parser.fields
+
+
+def test_breaking_every_lock_selected_across_pages_confirms_within_the_post_field_limit(
+    superuser: Client, settings: Any
+) -> None:
+    # "Select all N" across the changelist's pages posts select_across, not N ids; the
+    # confirmation page then lists all N, and what it posts back must stay within
+    # DATA_UPLOAD_MAX_NUMBER_FIELDS, or the confirmation is refused with a 400.
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 100
+    leases = [locks.acquire(f"jobs:many-{i:03}", ttl=60, holder="worker") for i in range(60)]
+    chosen = action("break_locks", leases[0].name, select_across="1")
+    page = superuser.post(CHANGELIST, chosen)
+    assert page.status_code == 200
+    assert "admin/locks/lock/break_confirmation.html" in [t.name for t in page.templates]
+    confirm = form_fields(page.content.decode())
+
+    done = superuser.post(CHANGELIST, confirm, follow=True)
+    assert done.status_code == 200, "the confirmation was refused"
+    assert b"Broke 60 lock(s)" in done.content
+    assert not Lock.objects.exists()
+    assert LogEntry.objects.count() == 60
