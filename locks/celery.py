@@ -19,7 +19,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
 from celery.signals import task_postrun, task_prerun, task_revoked
 from celery.utils import uuid
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError, OperationalError
 
 from . import connection, leases, validation
 from .conf import conf
@@ -549,11 +549,13 @@ def _release_revoked(sender: Any = None, request: Any = None, **signal_info: Any
         name = validation.check_name(key)
         try:
             released = leases.release_holding(name, task_id, alias)
-        except DatabaseError:
+        except (OperationalError, InterfaceError):
             # A kept connection (CONN_MAX_AGE > 0, no health checks) whose session the
             # server ended while the worker idled is found dead only by this statement,
             # and replaced: once more on the new one, or the key stays held for lock_ttl.
             # Releasing is idempotent, so a first try that did reach the server is harmless.
+            # Not for errors of the statement itself (ProgrammingError, IntegrityError):
+            # the database would only refuse it again.
             released = leases.release_holding(name, task_id, alias)
     except (TypeError, ValueError, DatabaseError, LockError):
         logger.exception(

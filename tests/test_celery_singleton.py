@@ -19,6 +19,7 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 from celery.signals import task_postrun, task_prerun, task_revoked
 from django.db import OperationalError as DatabaseOperationalError
 from django.db import connections
+from django.db.backends.signals import connection_created
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from kombu.exceptions import OperationalError
@@ -534,7 +535,7 @@ def test_revoke_frees_its_own_key_in_one_statement(app: Celery, own_queries: Own
     locks.acquire(task.lock_name((1,)), holder=sent.id)  # a re-entry: all of it goes
     with own_queries() as queries:
         revoke(task, sent.id, task.lock_name((1,)))
-    assert len(queries) == 1, queries.captured_queries
+    assert len(queries) == 1, [q["sql"][:60] for q in queries.captured_queries]
     assert not Lock.objects.exists()
 
 
@@ -547,11 +548,42 @@ def test_revoke_of_a_free_key_takes_nothing(app: Celery, own_queries: OwnQueries
     before.release()
     with own_queries() as queries:
         revoke(task, "gone-task-id", key)
-    assert len(queries) == 1, queries.captured_queries
+    assert len(queries) == 1, [q["sql"][:60] for q in queries.captured_queries]
     assert queries.captured_queries[0]["sql"].lstrip().upper().startswith("DELETE")
     after = locks.acquire(key)
     assert after.token == before.token + 1  # no grant in between
     after.release()
+
+
+@pytest.mark.skipif(BACKEND == "sqlite", reason="SQLite: a missing table is an OperationalError")
+def test_a_revoke_whose_release_fails_on_a_working_connection_does_not_try_again(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Only a connection the server ended is worth a second try on a new one: a statement
+    # the database refuses (here its table is gone: ProgrammingError) is refused again.
+    task = make_task(app, "t.revoked-refused")
+    sent = task.delay(1)
+    locks.connection.get(conf.DATABASE).ensure_connection()
+    opened: list[object] = []
+
+    def count(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if getattr(connection, "locks_own", False):
+            opened.append(connection)
+
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ALTER TABLE locks_lock RENAME TO locks_lock_away")
+    connection_created.connect(count)
+    try:
+        with caplog.at_level(logging.ERROR, "locks.celery"):
+            revoke(task, sent.id, task.lock_name((1,)))
+    finally:
+        connection_created.disconnect(count)
+        with connections["default"].cursor() as cursor:
+            cursor.execute("ALTER TABLE locks_lock_away RENAME TO locks_lock")
+    assert opened == [], "it tried again on a new connection"
+    assert f"task t.revoked-refused[{sent.id}] was revoked, but freeing lock" in caplog.text
+    assert "locks_lock" in caplog.text  # the database's own word on the missing table
+    assert Lock.objects.filter(holder=sent.id).exists()  # it expires by its TTL
 
 
 def test_revoke_leaves_another_holders_lease_alone(app: Celery) -> None:
