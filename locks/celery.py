@@ -253,20 +253,26 @@ class SingletonTask(Task[..., Any]):
         # A run held back by countdown or eta starts that much later: until then it is
         # queued, and its key must stay taken (retries come this way too).
         ttl = min(ttl + _delay(options, self.app.timezone), validation.MAX_TTL)
+        # The first task of a chain carries the rest of it: not enqueued, it would drop
+        # that rest unsent, while the caller waits for the chain's last result for ever.
+        # The queued run's result stands for this run, not for the chain: raise.
+        chained = bool(options.get("chain"))
+        if chained:
+            on_duplicate = "raise"
         for _ in range(_DUPLICATE_ATTEMPTS):
             lease = leases.try_acquire(key, ttl=ttl, holder=task_id, using=alias, note=self._note())
             if lease is not None:
                 break
             holding = self._live_holding(key, alias)
             if holding is not None:
-                return self._duplicate(key, task_id, holding, on_duplicate)
+                return self._duplicate(key, task_id, holding, on_duplicate, chained)
         else:
             raise LockBusy(f"lock {key!r} of task {self.name!r} kept changing hands; try again")
         if lease.count > 1 and KEY_HEADER not in headers:
             # Re-entered: a run under this very task id is queued or running. Only a retry
             # (which sends the key header) may enqueue it again.
             _release_quietly(lease, f"task {self.name}[{task_id}] is a duplicate")
-            return self._duplicate(key, task_id, (task_id, lease.note), on_duplicate)
+            return self._duplicate(key, task_id, (task_id, lease.note), on_duplicate, chained)
         options["headers"] = {**headers, KEY_HEADER: key}
         try:
             return super().apply_async(
@@ -301,7 +307,12 @@ class SingletonTask(Task[..., Any]):
         )
 
     def _duplicate(
-        self, key: str, task_id: str, holding: tuple[str, str], on_duplicate: str
+        self,
+        key: str,
+        task_id: str,
+        holding: tuple[str, str],
+        on_duplicate: str,
+        chained: bool = False,
     ) -> AsyncResult[Any]:
         holder, note = holding
         if not note.startswith(NOTE_PREFIX):
@@ -313,7 +324,8 @@ class SingletonTask(Task[..., Any]):
             )
         if on_duplicate == "raise":
             raise DuplicateTask(
-                f"task {self.name!r} is already queued or running as {holder} (lock {key!r})",
+                f"task {self.name!r} is already queued or running as {holder} (lock {key!r})"
+                + ("; the rest of its chain was not sent either" if chained else ""),
                 name=key,
                 task_id=holder,
             )

@@ -9,6 +9,7 @@ Environment:
         control exchange of the run's own.
     LOCKS_TEST_VISIBILITY_TIMEOUT: Redis only: seconds after which an unacknowledged
         message goes back to the queue (the run's own unacked keys, swept every second).
+    LOCKS_TEST_RESULT_BACKEND: a result backend URL (default: none, nothing stored).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def make_app(
     *,
     remote_control: bool = False,
     visibility_timeout: float | None = None,
+    result_backend: str | None = None,
 ) -> Celery:
     """A Celery app on ``broker_url`` whose tasks all go through ``queue``.
 
@@ -39,6 +41,8 @@ def make_app(
     seconds after its delivery. The unacked messages are kept under keys named after
     ``queue``: a worker sweeping the shared default keys with so short a timeout would
     redeliver other test runs' messages that are still running.
+    ``result_backend``: where runs store their state and result (results expire in ten
+    minutes), for tests of what the backend reports.
     """
     app = Celery("tests", broker=broker_url, set_as_current=False)
     app.conf.update(
@@ -49,7 +53,8 @@ def make_app(
         task_queues=[Queue(queue, Exchange(EXCHANGE), routing_key=queue, expires=600)],
         task_default_exchange=EXCHANGE,
         task_default_routing_key=queue,
-        result_backend=None,
+        result_backend=result_backend,
+        result_expires=600,
         worker_prefetch_multiplier=1,
         # Another checkout's broadcast (e.g. a shutdown) must not reach this run's worker:
         # none by default, and only those on this run's own control exchange if asked.
@@ -87,4 +92,5 @@ app = make_app(
     float(_interval) if _interval else None,
     remote_control=os.environ.get("LOCKS_TEST_REMOTE_CONTROL") == "1",
     visibility_timeout=float(_visibility) if _visibility else None,
+    result_backend=os.environ.get("LOCKS_TEST_RESULT_BACKEND") or None,
 )

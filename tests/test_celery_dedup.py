@@ -384,6 +384,94 @@ def test_a_run_in_a_chain_that_replaces_itself_hands_over_and_the_chain_goes_on(
     wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
+@pytest.fixture(scope="module")
+def results_worker(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Worker]:
+    """A prefork worker on Redis that stores its runs' states in Redis (a result backend)."""
+    url, queue = BROKERS["redis"], unique_queue()
+    app = make_app(url, queue, result_backend=url)
+    log = tmp_path_factory.mktemp("celery-results") / "worker.log"
+    env = celery_env(url, queue, LOCKS_TEST_RESULT_BACKEND=url)
+    try:
+        with celery_worker("tests.celery_app", queue, log, env) as process:
+            yield Worker("redis", url, queue, app, process)
+    finally:
+        delete_queue(app, queue)
+
+
+def test_a_run_skipped_as_a_duplicate_stays_pending_in_the_result_backend(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # The worker ends the skipped run with Ignore (its state IGNORED, in the worker only):
+    # Celery stores nothing for it, so the result backend knows it no more than an id
+    # never sent. Its result.get() would wait for ever.
+    worker, gate = results_worker, tmp_path / "gate"
+    sent = [worker.app.send_task("tests.record", ("pending", str(gate))) for _ in range(2)]
+    wait_until(lambda: CeleryRun.objects.filter(label="pending").exists(), what="the run")
+    (ran,) = CeleryRun.objects.filter(label="pending").values_list("task_id", flat=True)
+    skipped = next(result for result in sent if result.id != ran)
+    wait_until(lambda: f"skipping task tests.record[{skipped.id}]" in worker.process.text())
+    gate.touch()
+    wait_until(lambda: finished_runs("pending"), what="the run to finish")
+    done = next(result for result in sent if result.id == ran)
+    assert done.get(timeout=30) == "pending"
+    assert (done.state, skipped.state) == ("SUCCESS", "PENDING")
+    assert skipped.result is None
+
+
+def test_a_chain_whose_first_task_is_a_duplicate_raises_instead_of_vanishing(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # "return" mode answers a duplicate with the queued run's result; but that run is not
+    # followed by the rest of this chain, which would be dropped unsent while the caller
+    # waits on the chain's result for ever. The caller is told instead, in either mode.
+    worker, gate = results_worker, tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    first = record.delay("chained-dup", str(gate))
+    workflow = chain(record.si("chained-dup", str(gate)), record.si("after-dup"))
+    with pytest.raises(locks.DuplicateTask, match="the rest of its chain") as caught:
+        workflow.apply_async()
+    assert caught.value.task_id == first.id
+    gate.touch()
+    assert first.get(timeout=60) == "chained-dup"
+    drain(worker, tmp_path)
+    assert worker.received("tests.record").count(first.id) == 1
+    assert not CeleryRun.objects.filter(label="after-dup").exists()
+    assert CeleryRun.objects.filter(label="chained-dup").count() == 1
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
+def test_a_duplicate_later_in_a_chain_ends_the_chain_as_a_failure_of_the_task_before_it(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # The worker sends a chain's next task when the one before it succeeds. A duplicate
+    # there (its key taken meanwhile) cannot be sent with the rest of the chain: the
+    # sending fails, and Celery records that as the failure of the task that sent it, as
+    # when the broker cannot take the next task; the rest of the chain does not run.
+    worker, gate = results_worker, tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    first = record.delay("mid-dup", str(gate))
+    before_id = str(uuid.uuid4())
+    workflow = chain(
+        record.si("mid-before").set(task_id=before_id),
+        record.si("mid-dup", str(gate)),
+        record.si("mid-after"),
+    )
+    workflow.apply_async()
+    before = worker.app.AsyncResult(before_id)
+    with pytest.raises(locks.DuplicateTask, match="the rest of its chain"):
+        before.get(timeout=60)
+    assert before.state == "FAILURE"
+    assert finished_runs("mid-before") == 1
+    gate.touch()
+    assert first.get(timeout=60) == "mid-dup"
+    drain(worker, tmp_path)
+    assert not CeleryRun.objects.filter(label="mid-after").exists()
+    assert CeleryRun.objects.filter(label="mid-dup").count() == 1
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
 def test_revoked_message_leaves_a_lock_that_another_holder_took_alone(
     worker: Worker, tmp_path: Path
 ) -> None:
