@@ -192,6 +192,11 @@ class DirectCursor:
         """Rows the last statement changed (matched, on MySQL/MariaDB)."""
         return int(self._cursor.rowcount)
 
+    @property
+    def connection(self) -> Any:
+        """The driver's connection under the cursor (the session's), as Django's cursor gives."""
+        return self._cursor.connection
+
 
 def _watched(wrapper: BaseDatabaseWrapper) -> int:
     """Which cursor Django would give: 2 a logging one, 1 a plain one for hooks, 0 none."""
