@@ -43,8 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "NOTIFY": None,
     # PostgreSQL: the app's own connections bind parameters on the server and prepare each
     # lock statement once per session instead of having it parsed and planned every time.
-    # MariaDB: they prepare the acquire and the last release once per session (PREPARE,
-    # then EXECUTE ... USING). None: on, unless the alias is set up for a transaction
+    # MariaDB: they prepare the acquire and the last release at a session's fifth acquire
+    # (PREPARE, then EXECUTE ... USING). None: on, unless the alias is set up for a transaction
     # pooler (as for NOTIFY) or its OPTIONS say "prepare_threshold": None. PgBouncer 1.21+
     # with max_prepared_statements follows prepared statements: set True there.
     "PREPARED_STATEMENTS": None,

@@ -1,4 +1,4 @@
-"""MariaDB: the acquire and the last release are prepared once per session of the app's own."""
+"""MariaDB: a session of the app's own that has sent a few acquires prepares the pair."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 import locks
+from locks.backends.mysql import PREPARE_AT, PREPARED_FLAG
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,14 +32,37 @@ def _sent(queries: CaptureQueriesContext) -> list[str]:
     return [" ".join(query["sql"].split()[:2]) for query in queries.captured_queries]
 
 
-def test_the_pair_runs_as_statements_prepared_when_the_session_opened(own_queries: Capture) -> None:
+def _pairs(count: int, name: str = "orders:1") -> None:
+    for _ in range(count):
+        locks.acquire(name).release()
+
+
+def test_a_session_prepares_the_pair_at_its_fifth_acquire_and_executes_it_from_then_on(
+    own_queries: Capture,
+) -> None:
+    assert PREPARE_AT == 5
     with own_queries() as queries:
-        lease = locks.acquire("orders:1")
-        lease.release()
-    assert _sent(queries) == ["EXECUTE locks_lock_acquire", "EXECUTE locks_lock_release_last"]
+        _pairs(PREPARE_AT - 1)
+    assert _sent(queries) == ["INSERT INTO", "DELETE FROM"] * (PREPARE_AT - 1)
+    with own_queries() as queries:
+        _pairs(2)
+    assert _sent(queries) == [
+        "PREPARE locks_lock_acquire",
+        "PREPARE locks_lock_release_last",
+        "EXECUTE locks_lock_acquire",
+        "EXECUTE locks_lock_release_last",
+        "EXECUTE locks_lock_acquire",
+        "EXECUTE locks_lock_release_last",
+    ]
+    # A new session starts counting again.
+    locks.connection.close()
+    with own_queries() as queries:
+        _pairs(1)
+    assert _sent(queries) == ["INSERT INTO", "DELETE FROM"]
 
 
 def test_prepared_statements_read_the_database_clock_at_each_execution() -> None:
+    _pairs(PREPARE_AT)
     first = locks.acquire("orders:1", ttl=30)
     first.release()
     time.sleep(0.01)
@@ -50,25 +74,54 @@ def test_prepared_statements_read_the_database_clock_at_each_execution() -> None
     second.release()
 
 
+def test_prepared_statements_keep_the_owner_check(own_queries: Capture) -> None:
+    _pairs(PREPARE_AT)
+    lease = locks.acquire("orders:1")
+    with own_queries() as queries:
+        assert locks.try_acquire("orders:1", holder="bob") is None
+        assert lease.held
+        lease.release()
+    assert _sent(queries) == ["EXECUTE locks_lock_acquire", "EXECUTE locks_lock_release_last"]
+    assert not locks.is_locked("orders:1")
+    assert not lease.held
+
+
 @override_settings(LOCKS={"PREPARED_STATEMENTS": False})
 def test_with_prepared_statements_off_the_pair_is_sent_as_text(own_queries: Capture) -> None:
     with own_queries() as queries:
-        locks.acquire("orders:1").release()
-    assert _sent(queries) == ["INSERT INTO", "DELETE FROM"]
+        _pairs(PREPARE_AT + 1)
+    assert _sent(queries) == ["INSERT INTO", "DELETE FROM"] * (PREPARE_AT + 1)
 
 
-def test_a_session_that_could_not_prepare_sends_the_pair_as_text(own_queries: Capture) -> None:
-    # PREPARE checks the tables: with the lock table away when our session opens (not yet
-    # migrated, say), the session cannot prepare and must still work once the table is there.
+@pytest.fixture
+def no_prepared_statements() -> Iterator[None]:
+    """The server takes no more prepared statements (as when max_prepared_stmt_count is
+    reached); other sessions preparing meanwhile only fall back to text."""
     with connections["default"].cursor() as cursor:
-        cursor.execute("RENAME TABLE locks_lock TO locks_lock_away")
+        cursor.execute("SELECT @@GLOBAL.max_prepared_stmt_count")
+        (before,) = cursor.fetchone()
+        cursor.execute("SET GLOBAL max_prepared_stmt_count = 0")
         try:
-            locks.connection.get("default").ensure_connection()
+            yield
         finally:
-            cursor.execute("RENAME TABLE locks_lock_away TO locks_lock")
+            cursor.execute("SET GLOBAL max_prepared_stmt_count = %s", [before])
+
+
+def test_a_session_that_could_not_prepare_sends_the_pair_as_text(
+    own_queries: Capture, no_prepared_statements: None
+) -> None:
     with own_queries() as queries:
+        _pairs(PREPARE_AT + 1)
         lease = locks.acquire("orders:1")
         assert locks.try_acquire("orders:1", holder="bob") is None
         lease.release()
-    assert _sent(queries) == ["INSERT INTO", "INSERT INTO", "DELETE FROM"]
+    sent = _sent(queries)
+    # One try, at the fifth acquire, which Django logs under the text of the statement
+    # before it (on MySQL it reports the last statement the driver ran); the rest as text.
+    attempt = 2 * (PREPARE_AT - 1)
+    assert sent[:attempt] + sent[attempt + 1 :] == ["INSERT INTO", "DELETE FROM"] * (
+        PREPARE_AT + 1
+    ) + ["INSERT INTO", "INSERT INTO", "DELETE FROM"]
+    # It gave up for this session, rather than try again at every acquire.
+    assert getattr(locks.connection.get("default").connection, PREPARED_FLAG) is None
     assert not locks.is_locked("orders:1")

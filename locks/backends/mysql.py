@@ -10,10 +10,12 @@ a token drawn before another holder's whole hold is never granted after it.
 statement sees the same instant. Deadlocks (1213) and lock wait timeouts (1205) roll the
 statement back and are retried. MySQL (no SEQUENCE, no RETURNING) is not supported.
 
-mysqlclient cannot prepare statements, so each session of ours prepares the acquire and
-the last release itself when it opens (``PREPARE ... FROM``) and runs them as ``EXECUTE
-... USING`` the parameters: the server parses the long upsert once per session instead of
-at every acquire. A session that could not prepare them sends their text.
+mysqlclient cannot prepare statements, so a session of ours that has sent a few acquires
+prepares the acquire and the last release itself (``PREPARE ... FROM``) and from then on
+runs them as ``EXECUTE ... USING`` the parameters: the server parses the long upsert once
+per session instead of at every acquire. Not when the session opens: a session that lives
+for one request and one lock would pay two round trips to save a few microseconds. A
+session that could not prepare them sends their text.
 """
 
 from __future__ import annotations
@@ -89,9 +91,14 @@ REAP = f"DELETE FROM locks_lock WHERE {EXPIRED} ORDER BY expires_at LIMIT %s"
 PREPARED = {"locks_lock_acquire": ACQUIRE, "locks_lock_release_last": RELEASE_LAST}
 EXECUTE_ACQUIRE = "EXECUTE locks_lock_acquire USING %s, %s, %s, %s, %s"
 EXECUTE_RELEASE_LAST = "EXECUTE locks_lock_release_last USING %s, %s, %s, %s"
-#: Set on a mysqlclient connection whose session prepared the pair: it lives as long as
-#: the session, and a new session (a reconnect) is a new connection object without it.
+#: Kept on a mysqlclient connection, so it lives as long as the session (a reconnect is a
+#: new connection object without it): the acquires sent as text so far while the session
+#: may prepare, True once it has prepared the pair; absent or None where it may not.
 PREPARED_FLAG = "locks_prepared"
+#: The acquire that prepares the pair (as psycopg prepares a query on its fifth run): the
+#: two PREPAREs cost about two round trips, which the EXECUTEs save back in a few dozen
+#: pairs, and most sessions that lock this often lock many more times.
+PREPARE_AT = 5
 
 TRANSIENT_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock
 
@@ -111,10 +118,40 @@ def _micros(seconds: float) -> int:
     return round(seconds * 1_000_000)
 
 
+def _session(cursor: Cursor) -> Any:
+    """mysqlclient's connection under ``cursor``: Django's cursor gives it by delegation,
+    DirectCursor by a property."""
+    return getattr(cursor, "connection", None)
+
+
 def _prepared(cursor: Cursor) -> bool:
-    """Whether the session under ``cursor`` (Django's or DirectCursor) prepared the pair."""
-    # Both cursors answer .connection with mysqlclient's connection (Django's by delegation).
-    return getattr(getattr(cursor, "connection", None), PREPARED_FLAG, False) is True
+    """Whether the session under ``cursor`` prepared the pair."""
+    return getattr(_session(cursor), PREPARED_FLAG, None) is True
+
+
+def _prepare(cursor: Cursor) -> bool:
+    """Whether the pair is prepared on the session under ``cursor``, preparing it on the
+    session's :data:`PREPARE_AT`-th acquire, where it may prepare."""
+    session = _session(cursor)
+    sent = getattr(session, PREPARED_FLAG, None)
+    if sent is None or sent is True:
+        return sent is True
+    if sent + 1 < PREPARE_AT:
+        setattr(session, PREPARED_FLAG, sent + 1)
+        return False
+    try:
+        for name, sql in PREPARED.items():
+            # PREPARE takes "?" for parameters; the text has no other "%s" nor "?".
+            cursor.execute(f"PREPARE {name} FROM %s", [sql.replace("%s", "?")])
+    except DatabaseError:
+        # The server's max_prepared_stmt_count reached, say: this session keeps sending
+        # the text, which works as well, only slower. (A session that died fails again
+        # on the acquire's own statement, which reports it.)
+        logger.debug("locks: lock statements not prepared on this session", exc_info=True)
+        setattr(session, PREPARED_FLAG, None)
+        return False
+    setattr(session, PREPARED_FLAG, True)
+    return True
 
 
 class MySQLBackend(Backend):
@@ -134,7 +171,7 @@ class MySQLBackend(Backend):
         *,
         yield_to_queue: bool = False,
     ) -> Grant | None:
-        sql = EXECUTE_ACQUIRE if _prepared(cursor) else ACQUIRE
+        sql = EXECUTE_ACQUIRE if _prepare(cursor) else ACQUIRE
         cursor.execute(sql, [name, holder, name, _micros(ttl), note])
         row = cursor.fetchone()
         # RETURNING shows the row as the statement left it: ours only if we won.
@@ -175,24 +212,13 @@ class MySQLBackend(Backend):
         return Released.DONE if row[0] else Released.EXPIRED
 
     def on_connect(self, connection: BaseDatabaseWrapper) -> None:
-        """Prepare the uncontended pair on a new session of ours, unless told not to.
+        """Let a new session of ours prepare the uncontended pair, unless told not to.
 
         Behind a pooler that hands one client's statements to several server sessions, a
         statement prepared on one would be unknown on the next (``PREPARED_STATEMENTS``).
         """
-        if not conf.prepared_statements(connection.settings_dict):
-            return
-        try:
-            with connection.cursor() as cursor:
-                for name, sql in PREPARED.items():
-                    # PREPARE takes "?" for parameters; the text has no other "%s" nor "?".
-                    cursor.execute(f"PREPARE {name} FROM %s", [sql.replace("%s", "?")])
-        except DatabaseError:
-            # A table not there yet (not migrated) or the server's max_prepared_stmt_count
-            # reached: this session sends the text, which works as well, only slower.
-            logger.debug("locks: lock statements not prepared on this session", exc_info=True)
-            return
-        setattr(connection.connection, PREPARED_FLAG, True)
+        if conf.prepared_statements(connection.settings_dict):
+            setattr(connection.connection, PREPARED_FLAG, 0)
 
     def release_reentry(self, cursor: Cursor, name: str, holder: str, token: int) -> Released:
         cursor.execute(RELEASE_REENTRY, [name, holder, token])
