@@ -55,7 +55,7 @@ HOW = f"""\
 - One command, `scripts/bench` (it creates `.venv-bench` from `requirements-bench.txt`,
   the only place where the three PyPI peers are installed), runs `python -m bench.run`.
 - Every contender runs in its own forked OS processes, each with its own connections,
-  opened (and warmed up with 3 acquire+release pairs) before a barrier starts the clock.
+  opened (and warmed up with 10 acquire+release pairs) before a barrier starts the clock.
   Contenders are interleaved: each repeat runs every scenario for every contender, and
   each repeat starts the round at a different contender. Figures are medians over the
   repeats ({FULL["repeat"]} by default: one repeat that something else on the machine disturbed

@@ -19,7 +19,7 @@ from .scenarios import Outcome, Shared
 CONTEXT = multiprocessing.get_context("fork")
 WORKERS = {"a": 1, "b": 4, "c": 4, "d": 2, "e": 2}
 FLOOR_WORKERS = {"c": 1, "d": 1}
-WARM_UP = 3
+WARM_UP = 10  # past the fifth acquire, where a MariaDB session of the app prepares its pair
 
 
 def workers_for(contender: contenders.Contender, scenario: str) -> int:
