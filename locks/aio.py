@@ -37,7 +37,7 @@ from .leases import (
     _end,
     _Request,
     function_kind,
-    made_leases,
+    making,
     notifies,
     unset,
 )
@@ -138,15 +138,16 @@ async def _attempt(attempt: Callable[[], T]) -> T:
     abandoned = False
 
     def run() -> T:
-        made: list[Lease] = []
-        collecting = made_leases.set(made)
+        call = object()
+        marked = making.set((*making.get(), call))
         try:
             result = attempt()
         finally:
-            made_leases.reset(collecting)
-        # Only a lease made by this very call: an older one it returns is still held by
-        # someone who knows it (the caller, before it was cancelled).
-        won = next((lease for lease in made if lease is result), None)
+            making.reset(marked)
+        # Only a lease made under this very call (also by a run_sync call nested in it): an
+        # older one it returns is still held by someone who knows it (the caller, before it
+        # was cancelled).
+        won = result if isinstance(result, Lease) and call in result._made_under else None
         with mutex:
             if not abandoned:
                 handed.append(won)

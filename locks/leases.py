@@ -37,9 +37,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 HELD, RELEASED, LOST = "held", "released", "lost"
 
-# Where the leases made in this context are collected while someone asks (aio's run_sync:
-# a lease the call took is released if its caller is gone, one it only returned is not).
-made_leases: ContextVar[list[Lease] | None] = ContextVar("locks_made_leases", default=None)
+# The run_sync calls under way in this context, one marker each, innermost last: a lease
+# notes those it was made under (aio releases a lease its cancelled call took, never one it
+# only returned). Markers, not a list of leases: a long call would keep every lease it made.
+making: ContextVar[tuple[object, ...]] = ContextVar("locks_making", default=())
 
 #: Seconds a blocked acquire stays in the queue of its name without reaching the head
 #: before it looks at the lock itself (and queues again, at the back).
@@ -349,9 +350,7 @@ class Lease:
         # renewing, also when the release failed (the holder wanted it over; it expires by
         # itself then).
         self._unwatched = False
-        made = made_leases.get()
-        if made is not None:
-            made.append(self)
+        self._made_under = making.get()
 
     def __repr__(self) -> str:
         return (

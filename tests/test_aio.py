@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import itertools
 import json
 import socket
@@ -12,6 +13,7 @@ import sys
 import threading
 import time
 import urllib.request
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -315,6 +317,33 @@ def test_a_cancelled_run_sync_reentry_gives_back_only_its_own_reentry() -> None:
     assert (row.holder, row.token, row.count) == ("owner", lease.token, 1)
     lease.release()
     assert not Lock.objects.exists()
+
+
+def test_a_cancelled_run_sync_call_releases_a_lease_a_run_sync_call_inside_it_took() -> None:
+    # The outer call took the lease, through an inner run_sync (async code it calls): it
+    # returns what it took, and its caller is gone, so nobody else would release it.
+    from asgiref.sync import async_to_sync
+
+    async def inner() -> locks.Lease:
+        return await run_sync(locks.acquire, "aio:nested", ttl=30)
+
+    asyncio.run(cancelled_run_sync(async_to_sync(inner)))
+    assert wait_until(lambda: not locks.is_locked("aio:nested"), 5), (
+        "the lease the cancelled call took in a nested run_sync was left behind"
+    )
+
+
+def test_a_run_sync_call_keeps_no_lease_it_made_and_dropped_alive() -> None:
+    # A long call (a loop over many locks, say) must not accumulate every lease it made.
+    def call() -> bool:
+        lease = locks.acquire("aio:dropped", ttl=30)
+        lease.release()
+        dropped = weakref.ref(lease)
+        del lease
+        gc.collect()
+        return dropped() is None
+
+    assert asyncio.run(run_sync(call)), "a released, dropped lease is kept alive by the call"
 
 
 def test_a_run_sync_call_that_completes_returns_its_lease_held() -> None:
