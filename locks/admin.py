@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from . import validation
 from .conf import conf
 from .exceptions import LockError
 from .leases import break_lock, reap_expired
@@ -166,8 +167,16 @@ class LockAdmin(ModelAdmin):
     def _break_confirmed(self, request: HttpRequest, queryset: QuerySet[Lock]) -> None:
         # The page posts them as one JSON list ("holdings"); a "holding" field per lock,
         # as pages before it did, is read too.
-        posted = request.POST.getlist("holding") + _listed(request.POST.get("holdings", ""))
-        shown = _shown_holdings(posted)
+        listed = _listed(request.POST.get("holdings", ""))
+        shown = _shown_holdings(request.POST.getlist("holding") + (listed or []))
+        if listed is None or not shown:
+            # Only a forged or garbled POST gets here: say so rather than nothing at all.
+            self.message_user(
+                request,
+                "The confirmation named no lock that could be read: nothing was broken.",
+                messages.ERROR,
+            )
+            return
         broken: list[str] = []
         changed: list[str] = []
         error: LockError | None = None
@@ -230,14 +239,14 @@ class LockAdmin(ModelAdmin):
         self.message_user(request, f"Reaped {deleted} expired lock(s).")
 
 
-def _listed(value: str) -> list[str]:
-    """The confirmation page's holdings field: a JSON list of strings; else nothing."""
+def _listed(value: str) -> list[str] | None:
+    """The confirmation page's holdings field: a JSON list of strings; ``None`` if garbled."""
     try:
         decoded = json.loads(value) if value else []
-    except ValueError:
-        return []
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
+        return None
     if not isinstance(decoded, list):
-        return []
+        return None
     return [item for item in decoded if isinstance(item, str)]
 
 
@@ -246,6 +255,16 @@ def _shown_holdings(values: list[str]) -> dict[str, int]:
     shown: dict[str, int] = {}
     for value in values:
         token, space, name = value.partition(" ")
-        if space and name and token.isdigit() and len(token) < 20:
+        digits = token.isascii() and token.isdigit()  # "²" is a digit, not to int()
+        if space and name and digits and len(token) < 20 and _lock_name(name):
             shown[name] = int(token)
     return shown
+
+
+def _lock_name(name: str) -> bool:
+    # A name no lock can have (a NUL, which PostgreSQL refuses in any query) is not looked up.
+    try:
+        validation.check_name(name)
+    except ValueError:
+        return False
+    return True

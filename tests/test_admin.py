@@ -393,3 +393,27 @@ def test_breaking_every_lock_selected_across_pages_confirms_within_the_post_fiel
     assert b"Broke 60 lock(s)" in done.content
     assert not Lock.objects.exists()
     assert LogEntry.objects.count() == 60
+
+
+@pytest.mark.parametrize(
+    "holdings",
+    [
+        "[" * 100_000,  # nested beyond the JSON decoder's recursion limit
+        '["1 jobs:\\u0000nul"]',  # a name no lock can have (PostgreSQL refuses NUL in text)
+        '["\\u00b2 jobs:kept"]',  # a digit to str.isdigit(), not to int()
+        '["1 jobs:\\ud800"]',  # a lone surrogate: not text any database takes
+        '{"1 jobs:kept": 1}',
+        "not json",
+    ],
+    ids=["deep", "nul", "superscript", "surrogate", "object", "garbage"],
+)
+def test_a_forged_or_garbled_confirmation_breaks_nothing_and_says_so(
+    superuser: Client, holdings: str
+) -> None:
+    lease = locks.acquire("jobs:kept", ttl=60, holder="worker")
+    confirm = action("break_locks", "jobs:kept", post="yes", select_across="1", holdings=holdings)
+    done = superuser.post(CHANGELIST, confirm, follow=True)
+    assert done.status_code == 200
+    assert b"nothing was broken" in done.content
+    assert lease.held and locks.check_token("jobs:kept", lease.token)
+    lease.release()
