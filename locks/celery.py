@@ -255,24 +255,25 @@ class SingletonTask(Task[..., Any]):
         ttl = min(ttl + _delay(options, self.app.timezone), validation.MAX_TTL)
         # The first task of a chain carries the rest of it: not enqueued, it would drop
         # that rest unsent, while the caller waits for the chain's last result for ever.
-        # The queued run's result stands for this run, not for the chain: raise.
+        # Another task id's queued run stands for this run, not for the chain: raise.
         chained = bool(options.get("chain"))
-        if chained:
-            on_duplicate = "raise"
         for _ in range(_DUPLICATE_ATTEMPTS):
             lease = leases.try_acquire(key, ttl=ttl, holder=task_id, using=alias, note=self._note())
             if lease is not None:
                 break
             holding = self._live_holding(key, alias)
             if holding is not None:
-                return self._duplicate(key, task_id, holding, on_duplicate, chained)
+                mode = "raise" if chained else on_duplicate
+                return self._duplicate(key, task_id, holding, mode, chained)
         else:
             raise LockBusy(f"lock {key!r} of task {self.name!r} kept changing hands; try again")
         if lease.count > 1 and KEY_HEADER not in headers:
             # Re-entered: a run under this very task id is queued or running. Only a retry
-            # (which sends the key header) may enqueue it again.
+            # (which sends the key header) may enqueue it again. In a chain too, that run
+            # went out with its chain (a worker sends a chain's next task again after a
+            # redelivery): nothing is dropped, so on_duplicate decides as for any task.
             _release_quietly(lease, f"task {self.name}[{task_id}] is a duplicate")
-            return self._duplicate(key, task_id, (task_id, lease.note), on_duplicate, chained)
+            return self._duplicate(key, task_id, (task_id, lease.note), on_duplicate)
         options["headers"] = {**headers, KEY_HEADER: key}
         try:
             return super().apply_async(

@@ -472,6 +472,47 @@ def test_a_duplicate_later_in_a_chain_ends_the_chain_as_a_failure_of_the_task_be
     wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
+def test_a_retry_of_a_singleton_task_in_a_chain_is_enqueued_with_the_chain(
+    worker: Worker,
+) -> None:
+    # A retry is sent with the rest of the chain too (Celery's options["chain"]): it is
+    # the run's own re-enqueue, not a duplicate refused for carrying a chain.
+    task = singleton(worker.app, "tests.retry_then_fail")
+    key = task.lock_name(("chain-retry",))
+    chain(task.si("chain-retry"), singleton(worker.app, "tests.record").si("never")).delay()
+    wait_until(
+        lambda: CeleryRun.objects.filter(label="chain-retry").count() == 3, what="two retries"
+    )
+    wait_until(lambda: not Lock.objects.filter(name=key).exists(), what="the release")
+    assert sorted(
+        CeleryRun.objects.filter(label="chain-retry").values_list("retries", flat=True)
+    ) == [0, 1, 2]
+    assert not CeleryRun.objects.filter(label="never").exists()
+
+
+def test_a_chain_link_sent_again_under_its_own_task_id_is_not_refused(
+    worker: Worker, tmp_path: Path
+) -> None:
+    # The worker sends a chain's next task, with the rest of the chain, under the id the
+    # chain gave it; a message redelivered after that (acks_late) sends it again. Queued
+    # or running under that very id, it went out with its chain: the second send is the
+    # same message, answered as any re-send under a queued id is, not a DuplicateTask.
+    gate = tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    link_id = str(uuid.uuid4())
+    rest = [record.si("resent-after")]
+    sent = record.si("resent", str(gate)).set(task_id=link_id).apply_async(chain=rest)
+    again = record.si("resent", str(gate)).set(task_id=link_id).apply_async(chain=rest)
+    assert (sent.id, again.id) == (link_id, link_id)
+    gate.touch()
+    wait_until(lambda: finished_runs("resent-after"), what="the rest of the chain")
+    drain(worker, tmp_path)
+    assert worker.received("tests.record").count(link_id) == 1
+    assert CeleryRun.objects.filter(label="resent").count() == 1
+    assert CeleryRun.objects.filter(label="resent-after").count() == 1
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
 def test_revoked_message_leaves_a_lock_that_another_holder_took_alone(
     worker: Worker, tmp_path: Path
 ) -> None:
