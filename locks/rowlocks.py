@@ -318,10 +318,11 @@ def row_lock(
     Opens ``transaction.atomic(using=...)`` on Django's connection to the locks database
     (``LOCKS["DATABASE"]``), makes sure a row for ``name`` exists and takes ``SELECT ...
     FOR UPDATE`` on it (on MariaDB, one ``INSERT ... ON DUPLICATE KEY UPDATE`` does both
-    and locks no gap next to the name). Writes made in the block on that database commit or
-    roll back together with it. The lock ends with the transaction: when the block ends,
-    or, in an outer ``atomic`` block (where this is a savepoint), when the outer transaction
-    ends; and when the client dies. The block gets the locked ``RowLock`` row.
+    and, but for one race, locks no gap next to the name). Writes made in the block on that
+    database commit or roll back together with it. The lock ends with the transaction: when
+    the block ends, or, in an outer ``atomic`` block (where this is a savepoint), when the
+    outer transaction ends; and when the client dies. The block gets the locked ``RowLock``
+    row.
 
     ``nowait=True`` raises ``LockBusy`` at once if another transaction holds it;
     ``timeout=s`` waits at most ``s`` seconds, then raises ``LockBusy``; ``skip_locked=True``

@@ -106,6 +106,8 @@ TRANSIENT_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock
 # one by the duplicate key, exclusively and only that record (the name is the primary key).
 # Not a SELECT ... FOR UPDATE first: under REPEATABLE READ, one that finds no row locks the
 # gap around the name until the transaction ends, and every other new name there waits.
+# (One that waited for a new row whose creator rolled back is left holding that gap, as
+# InnoDB turns the waiting lock into a gap lock: documented, rare.)
 TAKE_ROW_LOCK = "INSERT INTO locks_rowlock (name) VALUES (%s) ON DUPLICATE KEY UPDATE name = name"
 # The insert waits for a conflicting row's lock; 0 makes that wait fail at once (1205).
 NO_LOCK_WAIT = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR "
