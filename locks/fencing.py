@@ -38,6 +38,21 @@ def _fence_id(model: type[models.Model]) -> str:
     return _fence_owner(model)._meta.pk.name
 
 
+def _reads_fence(queryset: models.QuerySet[Any]) -> bool:
+    """Whether the filter of ``queryset`` reads the fence column.
+
+    Example::
+
+        _reads_fence(Account.objects.filter(fence__lt=5))  # True
+    """
+    fence = _fence_owner(queryset.model)._meta.get_field(FENCE)
+    return any(
+        getattr(node, "target", None) is fence
+        for leaf in cast(Any, queryset.query.where).leaves()
+        for node in (leaf.flatten() if hasattr(leaf, "flatten") else ())
+    )
+
+
 def _by_ids(queryset: models.QuerySet[Any], owner: type[models.Model], values: Any) -> bool:
     """Whether Django's update() would select the rows' ids first and then update by them.
 
@@ -196,15 +211,18 @@ class FencedQuerySet(models.QuerySet[_F]):
             raise TypeError("fenced_delete() cannot run after distinct(*fields)")
         using = cast(Any, self)._db or router.db_for_write(self.model)
         with transaction.atomic(using=using):
+            key = _fence_id(self.model)
+            rows = self.using(using).filter(fence__lte=token).order_by()
+            # The claim sets the rows' fence to the token: a filter that reads the fence
+            # (fence__lt=token) no longer selects them after it, so read their ids before.
+            pks = list(rows.values_list(key, flat=True)) if _reads_fence(self) else []
             self.using(using).fenced_update(token)
             # Django's delete() would read the rows and then delete them by id, without
             # the fence condition: a row read from a REPEATABLE READ snapshot (MariaDB), or
             # one that appeared since the claim and was written by a newer holder before
             # the DELETE (READ COMMITTED), would go. Delete only the rows locked here with
             # a fence that is still at most ours, on the fence's own table.
-            rows = self.using(using).filter(fence__lte=token).order_by()
-            key = _fence_id(self.model)
-            pks = list(rows.values_list(key, flat=True))
+            pks += rows.values_list(key, flat=True)
             owner = _fence_owner(self.model)._base_manager.using(using)
             # The ids go in batches, where Django's delete() of the queryset needed no
             # list of them.

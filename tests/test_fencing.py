@@ -337,6 +337,24 @@ def test_fenced_delete_deletes_every_row_or_none() -> None:
     assert not FencedRecord.objects.exists()
 
 
+def test_a_fenced_delete_whose_filter_reads_the_fence_deletes_the_rows_it_claimed() -> None:
+    # The claim sets the rows' fence to the token, so that a filter on the fence itself no
+    # longer selects them afterwards: they must still go, not stay behind claimed.
+    *_, c = FencedRecord.objects.bulk_create(FencedRecord(key=key) for key in ("a", "b", "c"))
+    FencedRecord.objects.filter(pk=c.pk).fenced_update(7)
+    untouched = FencedRecord.objects.filter(fence__lt=5)
+    assert untouched.fenced_delete(5) == (2, {FencedRecord._meta.label: 2})
+    assert FencedRecord.objects.values_list("key", "fence").get() == ("c", 7)
+    # The same where the fence is a parent's column (the rows are claimed by their ids).
+    shipment = FencedShipment.objects.create(key="s", carrier="ups")
+    assert FencedShipment.objects.filter(fence=0).fenced_delete(5) == (
+        2,
+        {FencedShipment._meta.label: 1, FencedRecord._meta.label: 1},
+    )
+    assert not FencedShipment.objects.filter(pk=shipment.pk).exists()
+    assert FencedRecord.objects.values_list("key", "fence").get() == ("c", 7)
+
+
 @pytest.fixture
 def few_parameters() -> Iterator[int]:
     """SQLite allows this many parameters per statement, as builds before 3.32 do (and as
