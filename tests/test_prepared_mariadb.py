@@ -125,3 +125,45 @@ def test_a_session_that_could_not_prepare_sends_the_pair_as_text(
     # It gave up for this session, rather than try again at every acquire.
     assert getattr(locks.connection.get("default").connection, PREPARED_FLAG) is None
     assert not locks.is_locked("orders:1")
+
+
+def _reset_server_session() -> None:
+    """Reset the server session under this thread's own connection, as a proxy or pooler
+    does (COM_CHANGE_USER): the driver's connection is the same, its prepared statements
+    are gone."""
+    own = locks.connection.get("default")
+    settings = own.settings_dict
+    own.connection.change_user(settings["USER"], settings["PASSWORD"], settings["NAME"])
+
+
+def test_a_session_that_lost_its_prepared_pair_sends_the_text_instead_of_failing(
+    own_queries: Capture,
+) -> None:
+    _pairs(PREPARE_AT)
+    lease = locks.acquire("orders:1")  # by EXECUTE
+    _reset_server_session()
+    with own_queries() as queries:
+        lease.release()
+        again = locks.acquire("orders:1")
+        assert locks.try_acquire("orders:1", holder="bob") is None
+        again.release()
+    # The first statement, the EXECUTE that found the statement gone (Django logs a failed
+    # one under whatever the driver ran before it); the session sends the text from then
+    # on, and does not prepare again.
+    sent = _sent(queries)
+    assert sent[1:] == ["DELETE FROM", "INSERT INTO", "INSERT INTO", "DELETE FROM"], sent
+    assert getattr(locks.connection.get("default").connection, PREPARED_FLAG) is None
+    assert not locks.is_locked("orders:1")
+
+
+def test_an_acquire_on_a_session_that_lost_its_prepared_pair_is_granted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _pairs(PREPARE_AT)
+    _reset_server_session()
+    lease = locks.acquire("orders:1")
+    assert lease.count == 1
+    assert locks.acquire("orders:1", holder=lease.holder).count == 2
+    lease.release(entirely=True)
+    assert not locks.is_locked("orders:1")
+    assert "PREPARED_STATEMENTS" in caplog.text

@@ -15,7 +15,7 @@ prepares the acquire and the last release itself (``PREPARE ... FROM``) and from
 runs them as ``EXECUTE ... USING`` the parameters: the server parses the long upsert once
 per session instead of at every acquire. Not when the session opens: a session that lives
 for one request and one lock would pay two round trips to save a few microseconds. A
-session that could not prepare them sends their text.
+session that could not prepare them, or lost them, sends their text.
 """
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ PREPARED_FLAG = "locks_prepared"
 #: two PREPAREs cost about two round trips, which the EXECUTEs save back in a few dozen
 #: pairs, and most sessions that lock this often lock many more times.
 PREPARE_AT = 5
+#: ER_UNKNOWN_STMT_HANDLER: EXECUTE of a statement the server session does not have.
+UNKNOWN_STATEMENT = 1243
 
 TRANSIENT_CODES = frozenset({1205, 1213})  # lock wait timeout, deadlock
 
@@ -156,6 +158,29 @@ def _prepare(cursor: Cursor) -> bool:
     return True
 
 
+def _execute_prepared(cursor: Cursor, execute: str, sql: str, params: list[Any]) -> None:
+    """Run ``execute`` (an EXECUTE of the prepared ``sql``), or ``sql`` itself where the
+    session lost the prepared statement.
+
+    The driver's connection outlives its server session's prepared statements when
+    something resets the session under it (COM_CHANGE_USER, as a pooler or proxy does) or
+    moves it to another server session: the session then sends the text for its lifetime
+    rather than fail every acquire. The EXECUTE ran nothing, so the text runs once.
+    """
+    try:
+        cursor.execute(execute, params)
+    except DatabaseError as exc:
+        if not exc.args or exc.args[0] != UNKNOWN_STATEMENT:
+            raise
+        logger.warning(
+            "locks: a session lost its prepared lock statements (%s); it sends their text "
+            "from now on. Behind a proxy or pooler, set LOCKS['PREPARED_STATEMENTS'] = False.",
+            exc,
+        )
+        setattr(_session(cursor), PREPARED_FLAG, None)
+        cursor.execute(sql, params)
+
+
 class MySQLBackend(Backend):
     vendor = "mysql"
     NOW = NOW
@@ -173,8 +198,11 @@ class MySQLBackend(Backend):
         *,
         yield_to_queue: bool = False,
     ) -> Grant | None:
-        sql = EXECUTE_ACQUIRE if _prepare(cursor) else ACQUIRE
-        cursor.execute(sql, [name, holder, name, _micros(ttl), note])
+        params = [name, holder, name, _micros(ttl), note]
+        if _prepare(cursor):
+            _execute_prepared(cursor, EXECUTE_ACQUIRE, ACQUIRE, params)
+        else:
+            cursor.execute(ACQUIRE, params)
         row = cursor.fetchone()
         # RETURNING shows the row as the statement left it: ours only if we won.
         return None if row is None or row[0] != holder else self.grant(row[1:])
@@ -206,8 +234,11 @@ class MySQLBackend(Backend):
     def release_last(
         self, cursor: Cursor, name: str, holder: str, token: int, entirely: bool = False
     ) -> Released:
-        sql = EXECUTE_RELEASE_LAST if _prepared(cursor) else RELEASE_LAST
-        cursor.execute(sql, [name, holder, token, entirely])
+        params = [name, holder, token, entirely]
+        if _prepared(cursor):
+            _execute_prepared(cursor, EXECUTE_RELEASE_LAST, RELEASE_LAST, params)
+        else:
+            cursor.execute(RELEASE_LAST, params)
         row = cursor.fetchone()
         if row is None:
             return Released.MISSING
