@@ -86,7 +86,7 @@ WHERE name = %s AND holder = %s AND token = %s AND count > 1 AND expires_at > {N
 
 REAP = f"DELETE FROM locks_lock WHERE {EXPIRED} ORDER BY expires_at LIMIT %s"
 
-# The uncontended pair, prepared per session (see on_connect): the statement's name, its
+# The uncontended pair, prepared per session (see _prepare): the statement's name, its
 # text, and the EXECUTE that runs it with the same parameters as the text takes.
 PREPARED = {"locks_lock_acquire": ACQUIRE, "locks_lock_release_last": RELEASE_LAST}
 EXECUTE_ACQUIRE = "EXECUTE locks_lock_acquire USING %s, %s, %s, %s, %s"
@@ -120,6 +120,12 @@ DEADLOCK = 1213
 
 def _micros(seconds: float) -> int:
     return round(seconds * 1_000_000)
+
+
+def _error_code(exc: BaseException) -> object:
+    """The server's error number of a driver error (its first argument), or None."""
+    args: tuple[Any, ...] = exc.args
+    return args[0] if args else None
 
 
 def _session(cursor: Cursor) -> Any:
@@ -158,19 +164,22 @@ def _prepare(cursor: Cursor) -> bool:
     return True
 
 
-def _execute_prepared(cursor: Cursor, execute: str, sql: str, params: list[Any]) -> None:
-    """Run ``execute`` (an EXECUTE of the prepared ``sql``), or ``sql`` itself where the
-    session lost the prepared statement.
+def _send(cursor: Cursor, prepared: bool, execute: str, sql: str, params: list[Any]) -> None:
+    """Run ``sql``; where the session ``prepared`` it, as ``execute`` (its EXECUTE), unless
+    the session lost the prepared statement.
 
     The driver's connection outlives its server session's prepared statements when
     something resets the session under it (COM_CHANGE_USER, as a pooler or proxy does) or
     moves it to another server session: the session then sends the text for its lifetime
     rather than fail every acquire. The EXECUTE ran nothing, so the text runs once.
     """
+    if not prepared:
+        cursor.execute(sql, params)
+        return
     try:
         cursor.execute(execute, params)
     except DatabaseError as exc:
-        if not exc.args or exc.args[0] != UNKNOWN_STATEMENT:
+        if _error_code(exc) != UNKNOWN_STATEMENT:
             raise
         logger.warning(
             "locks: a session lost its prepared lock statements (%s); it sends their text "
@@ -199,10 +208,7 @@ class MySQLBackend(Backend):
         yield_to_queue: bool = False,
     ) -> Grant | None:
         params = [name, holder, name, _micros(ttl), note]
-        if _prepare(cursor):
-            _execute_prepared(cursor, EXECUTE_ACQUIRE, ACQUIRE, params)
-        else:
-            cursor.execute(ACQUIRE, params)
+        _send(cursor, _prepare(cursor), EXECUTE_ACQUIRE, ACQUIRE, params)
         row = cursor.fetchone()
         # RETURNING shows the row as the statement left it: ours only if we won.
         return None if row is None or row[0] != holder else self.grant(row[1:])
@@ -235,10 +241,7 @@ class MySQLBackend(Backend):
         self, cursor: Cursor, name: str, holder: str, token: int, entirely: bool = False
     ) -> Released:
         params = [name, holder, token, entirely]
-        if _prepared(cursor):
-            _execute_prepared(cursor, EXECUTE_RELEASE_LAST, RELEASE_LAST, params)
-        else:
-            cursor.execute(RELEASE_LAST, params)
+        _send(cursor, _prepared(cursor), EXECUTE_RELEASE_LAST, RELEASE_LAST, params)
         row = cursor.fetchone()
         if row is None:
             return Released.MISSING
@@ -263,8 +266,7 @@ class MySQLBackend(Backend):
         return cursor.cursor.cursor
 
     def is_transient(self, exc: BaseException) -> bool:
-        args: tuple[Any, ...] = exc.args
-        return bool(args) and args[0] in TRANSIENT_CODES
+        return _error_code(exc) in TRANSIENT_CODES
 
     def text_db_parameters(self, connection: BaseDatabaseWrapper) -> dict[str, Any]:
         return {"type": "varchar(255) CHARACTER SET utf8mb4"}
@@ -319,12 +321,10 @@ class MySQLBackend(Backend):
         return nullcontext() if timeout is None else self._statement_deadline(connection, timeout)
 
     def is_lock_busy(self, exc: BaseException) -> bool:
-        args: tuple[Any, ...] = exc.args
-        return bool(args) and args[0] in LOCK_BUSY_CODES
+        return _error_code(exc) in LOCK_BUSY_CODES
 
     def is_deadlock(self, exc: BaseException) -> bool:
-        args: tuple[Any, ...] = exc.args
-        return bool(args) and args[0] == DEADLOCK
+        return _error_code(exc) == DEADLOCK
 
     def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
         with connection.cursor() as cursor:
