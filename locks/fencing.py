@@ -222,7 +222,8 @@ class FencedQuerySet(models.QuerySet[_F]):
             # one that appeared since the claim and was written by a newer holder before
             # the DELETE (READ COMMITTED), would go. Delete only the rows locked here with
             # a fence that is still at most ours, on the fence's own table.
-            pks += rows.values_list(key, flat=True)
+            # Each id once: a row the filter selects before and after the claim is read twice.
+            pks = list(dict.fromkeys([*pks, *rows.values_list(key, flat=True)]))
             owner = _fence_owner(self.model)._base_manager.using(using)
             # The ids go in batches, where Django's delete() of the queryset needed no
             # list of them.
