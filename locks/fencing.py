@@ -194,7 +194,8 @@ class FencedQuerySet(models.QuerySet[_F]):
         ``StaleToken`` is raised and nothing is deleted. Returns what Django's
         ``delete()`` returns. Rows that Django deletes by cascade are not checked. As
         Django's ``delete()``, it refuses a ``union()`` queryset (``NotSupportedError``)
-        and one after ``distinct(*fields)`` (``TypeError``).
+        and one after ``distinct(*fields)``, ``values()`` or ``values_list()``
+        (``TypeError``).
 
         Example::
 
@@ -204,6 +205,9 @@ class FencedQuerySet(models.QuerySet[_F]):
         token = validation.check_token(token)
         if self.query.is_sliced:
             raise TypeError("fenced_delete() cannot run on a sliced queryset")
+        if cast(Any, self)._fields is not None:
+            # As Django's delete(): the ids and the cascade need model rows.
+            raise TypeError("fenced_delete() cannot run after values() or values_list()")
         _refuse_combined(self, "fenced_delete")
         if self.query.distinct_fields:
             # As Django's delete(): the claim would take every row of the filter, the
