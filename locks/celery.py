@@ -96,6 +96,20 @@ def default_key(task_name: str, arguments: Mapping[str, Any] | Sequence[Any]) ->
     return fit_key(f"{task_name}:{encoded}")
 
 
+def _carried(chain: Any, link: Any, link_error: Any) -> str:
+    """What a message sent with these options carries beyond its own run, in words."""
+    parts = [
+        words
+        for present, words in (
+            (chain, "the rest of its chain"),
+            (link, "its link callbacks"),
+            (link_error, "its link_error callbacks"),
+        )
+        if present
+    ]
+    return ", ".join(parts)
+
+
 class SingletonTask(Task[..., Any]):
     """Celery task base class: at most one run per key is queued or running at a time.
 
@@ -253,18 +267,19 @@ class SingletonTask(Task[..., Any]):
         # A run held back by countdown or eta starts that much later: until then it is
         # queued, and its key must stay taken (retries come this way too).
         ttl = min(ttl + _delay(options, self.app.timezone), validation.MAX_TTL)
-        # The first task of a chain carries the rest of it: not enqueued, it would drop
-        # that rest unsent, while the caller waits for the chain's last result for ever.
-        # Another task id's queued run stands for this run, not for the chain: raise.
-        chained = bool(options.get("chain"))
+        # The first task of a chain carries the rest of it, and a task its link= and
+        # link_error= callbacks: not enqueued, it would drop them unsent, while the
+        # caller waits for the chain's last result for ever. Another task id's queued run
+        # stands for this run, not for what it carries: raise.
+        dropped = _carried(options.get("chain"), link, link_error)
         for _ in range(_DUPLICATE_ATTEMPTS):
             lease = leases.try_acquire(key, ttl=ttl, holder=task_id, using=alias, note=self._note())
             if lease is not None:
                 break
             holding = self._live_holding(key, alias)
             if holding is not None:
-                mode = "raise" if chained else on_duplicate
-                return self._duplicate(key, task_id, holding, mode, chained)
+                mode = "raise" if dropped else on_duplicate
+                return self._duplicate(key, task_id, holding, mode, dropped)
         else:
             raise LockBusy(f"lock {key!r} of task {self.name!r} kept changing hands; try again")
         if lease.count > 1 and KEY_HEADER not in headers:
@@ -313,7 +328,7 @@ class SingletonTask(Task[..., Any]):
         task_id: str,
         holding: tuple[str, str],
         on_duplicate: str,
-        chained: bool = False,
+        dropped: str = "",
     ) -> AsyncResult[Any]:
         holder, note = holding
         if not note.startswith(NOTE_PREFIX):
@@ -326,7 +341,7 @@ class SingletonTask(Task[..., Any]):
         if on_duplicate == "raise":
             raise DuplicateTask(
                 f"task {self.name!r} is already queued or running as {holder} (lock {key!r})"
-                + ("; the rest of its chain was not sent either" if chained else ""),
+                + (f"; not sent either: {dropped}" if dropped else ""),
                 name=key,
                 task_id=holder,
             )

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery, chain
@@ -439,6 +440,27 @@ def test_a_chain_whose_first_task_is_a_duplicate_raises_instead_of_vanishing(
     assert worker.received("tests.record").count(first.id) == 1
     assert not CeleryRun.objects.filter(label="after-dup").exists()
     assert CeleryRun.objects.filter(label="chained-dup").count() == 1
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
+@pytest.mark.parametrize("option", ["link", "link_error"])
+def test_a_duplicate_sent_with_callbacks_raises_instead_of_dropping_them(
+    results_worker: Worker, tmp_path: Path, option: str
+) -> None:
+    # As with a chain: the queued run that "return" mode would answer with does not call
+    # this send's callbacks, which would never run. The caller is told instead.
+    worker, gate = results_worker, tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    first = record.delay("linked-dup", str(gate))
+    callback: dict[str, Any] = {option: record.si(f"after-{option}")}
+    with pytest.raises(locks.DuplicateTask, match=f"not sent either: its {option} callbacks"):
+        record.apply_async(("linked-dup", str(gate)), **callback)
+    gate.touch()
+    assert first.get(timeout=60) == "linked-dup"
+    drain(worker, tmp_path)
+    assert worker.received("tests.record").count(first.id) == 1
+    assert CeleryRun.objects.filter(label="linked-dup").count() == 1
+    assert not CeleryRun.objects.filter(label=f"after-{option}").exists()
     wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
