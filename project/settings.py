@@ -5,6 +5,7 @@ Environment variables:
     CELERY_BROKER_URL: Celery broker (default: the filesystem transport under var/celery-fs).
     CELERY_RESULT_BACKEND: Celery result backend (default: none).
     CELERY_FS_DIR: folder of the filesystem transport (default: var/celery-fs).
+    CELERY_BEAT_SCHEDULE_FILENAME: beat's schedule file (default: var/celerybeat-schedule).
     LOCKS_REAP_INTERVAL: seconds between runs of the reaper task under beat (default: 60).
     DEMO_REPORT_SECONDS: how long the demo page's locked view works (default: 3).
     DJANGO_DEBUG: "1"/"true" or "0"/"false" (default: true; this is a demo).
@@ -142,7 +143,9 @@ if CELERY_BROKER_URL.startswith("filesystem:"):
         (CELERY_FS_DIR / _folder).mkdir(parents=True, exist_ok=True)
 
 CELERY_TIMEZONE = TIME_ZONE
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE_FILENAME = os.environ.get("CELERY_BEAT_SCHEDULE_FILENAME") or str(
+    VAR_DIR / "celerybeat-schedule"
+)
 CELERY_BEAT_SCHEDULE = {
     # The reaper deletes expired lock rows in bounded batches; run exactly one beat.
     "locks-reap-expired": {

@@ -42,6 +42,10 @@ def _server_sql(statement: str) -> None:
 @pytest.fixture
 def demo_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCKS_TEST", "DJANGO_"))}
+    # The broker's folder and beat's schedule of this run alone: scripts/test may run the
+    # suite on two backends at once, each with a demo.
+    env["CELERY_FS_DIR"] = str(tmp_path / "celery-fs")
+    env["CELERY_BEAT_SCHEDULE_FILENAME"] = str(tmp_path / "celerybeat-schedule")
     if BACKEND == "sqlite":
         env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'demo.sqlite3'}"
         yield env
