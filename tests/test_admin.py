@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from html.parser import HTMLParser
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from django.test import Client
 
 import locks
 from locks.models import Lock
+from tests import forms
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -346,32 +346,9 @@ def test_a_lock_released_before_the_confirmation_is_reported_as_left_alone() -> 
     other.release()
 
 
-class _FormFields(HTMLParser):
-    """The fields a browser posts from the page's forms that post back to the page itself."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fields: dict[str, list[str]] = {}
-        self._inside = False
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        named = dict(attrs)
-        if tag == "form":
-            self._inside = "action" not in named  # not the logout form
-        elif (
-            tag == "input" and self._inside and named.get("name") and named.get("type") != "submit"
-        ):
-            self.fields.setdefault(str(named["name"]), []).append(named.get("value") or "")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "form":
-            self._inside = False
-
-
 def form_fields(html: str) -> dict[str, list[str]]:
-    parser = _FormFields()
-    parser.feed(html)
-    return parser.fields
+    """The fields a browser posts from the page's forms that post back to the page itself."""
+    return forms.form_fields(html, lambda form: "action" not in form)  # not the logout form
 
 
 def test_breaking_every_lock_selected_across_pages_confirms_within_the_post_field_limit(

@@ -6,7 +6,6 @@ import gc
 import json
 import weakref
 from collections.abc import Callable, Iterator
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import locks
 from locks.checks import check_versioned_managers
 from locks.forms import STALE_VERSION, VersionedModelForm
 from locks.models import VersionedModel, VersionedQuerySet
+from tests import forms
 from tests.app.models import Item, VersionedChapter, VersionedNote, VersionedTask
 from tests.conftest import isolation_level
 from tests.remote import Remote, remotes
@@ -608,41 +608,11 @@ def test_the_admin_reports_a_save_that_loses_the_race_after_validation(
     assert stored(note.pk)[0] == "t", "the admin's edit must not be written"
 
 
-class ChangeFormData(HTMLParser):
-    """The values a browser would post from the admin change form of a page."""
-
-    def __init__(self, form_id: str) -> None:
-        super().__init__()
-        self.form_id = form_id
-        self.data: dict[str, str] = {}
-        self._in_form = False
-        self._textarea: str | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        attr = {key: value or "" for key, value in attrs}
-        if tag == "form":
-            self._in_form = attr.get("id") == self.form_id
-        elif self._in_form and tag == "input" and attr.get("type") != "submit":
-            self.data[attr["name"]] = attr.get("value", "")
-        elif self._in_form and tag == "textarea":
-            self._textarea = attr["name"]
-            self.data[self._textarea] = ""
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "form":
-            self._in_form = False
-        elif tag == "textarea":
-            self._textarea = None
-
-    def handle_data(self, data: str) -> None:
-        if self._textarea is not None:
-            self.data[self._textarea] += data
-
-
 def rendered_change_form(client: Client, url: str) -> dict[str, str]:
-    parser = ChangeFormData("versionednote_form")
-    parser.feed(client.get(url).content.decode())
-    return parser.data
+    """The values a browser would post from the admin change form of a page."""
+    page = client.get(url).content.decode()
+    fields = forms.form_fields(page, lambda form: form.get("id") == "versionednote_form")
+    return {name: values[-1] for name, values in fields.items()}
 
 
 # Admins whose fields or fieldsets do not list the version.
