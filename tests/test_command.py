@@ -347,3 +347,26 @@ def test_a_database_error_other_than_a_missing_table_is_not_called_unmigrated(
         monkeypatch.setattr(f"{command}.{name}", down)
     with pytest.raises(OperationalError, match="server closed the connection"):
         run(*args)
+
+
+@pytest.mark.parametrize("subcommand", [["list"], ["break", "orders:none", "--yes"], ["reap"]])
+def test_djangos_own_options_are_taken_after_the_subcommand_too(subcommand: list[str]) -> None:
+    # Where every other command takes them: manage.py locks list --settings=... -v 0.
+    common = ["-v", "0", "--no-color", "--traceback", "--skip-checks"]
+    common += ["--settings", "tests.settings", "--pythonpath", str(ROOT)]
+    try:
+        run(*subcommand, *common)
+    except CommandError as exc:
+        assert exc.returncode == 1 and "'orders:none'" in str(exc)  # break: unknown name
+    # Read, not only accepted: Django refuses this pair wherever it is given.
+    assert "can't be used together" in fails(*subcommand, "--no-color", "--force-color")[1]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_djangos_own_options_after_the_subcommand_take_effect() -> None:
+    listed = manage("list", "--settings", "tests.settings")
+    assert listed.returncode == 0 and listed.stdout.strip() == "No held locks."
+    failed = manage("list", "--database", "nope", "--traceback")
+    assert failed.returncode != 0 and "Traceback" in failed.stderr
+    quiet = manage("list", "--database", "nope")
+    assert quiet.returncode == 2 and "Traceback" not in quiet.stderr

@@ -54,7 +54,8 @@ def test_the_command_synopsis_names_every_option() -> None:
             option
             for action in sub._actions
             for option in action.option_strings
-            if option.startswith("--") and option != "--help"
+            # Hidden: Django's own options, which every command takes (--settings, ...).
+            if option.startswith("--") and option != "--help" and action.help != argparse.SUPPRESS
         }
         for name, sub in subcommands.choices.items()
     }

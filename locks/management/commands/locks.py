@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from argparse import SUPPRESS
 from datetime import datetime
 from typing import Any, TextIO
 
@@ -127,6 +128,27 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _django_options(sub: CommandParser) -> None:
+    """Django's own options on a subcommand's parser too, as every command takes them.
+
+    argparse reads what follows ``list`` with the subcommand's parser alone, so without
+    these ``manage.py locks list --settings=... -v 0`` is refused. Their default is to
+    leave unset, so one given before the subcommand is kept.
+    """
+    options: dict[str, dict[str, Any]] = {
+        "--verbosity": {"type": int, "choices": [0, 1, 2, 3]},
+        "--settings": {},
+        "--pythonpath": {},
+        "--traceback": {"action": "store_true"},
+        "--no-color": {"action": "store_true"},
+        "--force-color": {"action": "store_true"},
+        "--skip-checks": {"action": "store_true"},
+    }
+    for flag, kwargs in options.items():
+        flags = ["-v", flag] if flag == "--verbosity" else [flag]
+        sub.add_argument(*flags, default=SUPPRESS, help=SUPPRESS, **kwargs)
+
+
 class Command(BaseCommand):
     help = "List locks, break locks by name, or delete expired lock rows."
     stealth_options = ("stdin",)
@@ -146,6 +168,7 @@ class Command(BaseCommand):
             sub.add_argument(
                 "--database", default=None, help="database alias (default: LOCKS['DATABASE'])"
             )
+            _django_options(sub)
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
