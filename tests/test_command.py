@@ -370,3 +370,12 @@ def test_djangos_own_options_after_the_subcommand_take_effect() -> None:
     assert failed.returncode != 0 and "Traceback" in failed.stderr
     quiet = manage("list", "--database", "nope")
     assert quiet.returncode == 2 and "Traceback" not in quiet.stderr
+
+
+def test_break_without_yes_and_with_stdin_closed_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What Python makes of a closed file descriptor 0 (a daemon, "<&-"): no sys.stdin.
+    lease = locks.acquire("orders:9", ttl=30, holder="worker-9")
+    monkeypatch.setattr(sys, "stdin", None)
+    code, message = fails("break", "orders:9")
+    assert code == 2 and "--yes" in message
+    assert Lock.objects.get().token == lease.token

@@ -210,7 +210,7 @@ class Command(BaseCommand):
                 {"held": "No held locks.", "expired": "No expired locks."}.get(state, "No locks.")
             )
 
-    def _break(self, alias: str, names: list[str], yes: bool, stdin: TextIO) -> None:
+    def _break(self, alias: str, names: list[str], yes: bool, stdin: TextIO | None) -> None:
         try:
             names = list(dict.fromkeys(validation.check_name(name) for name in names))
         except (TypeError, ValueError) as exc:
@@ -238,8 +238,9 @@ class Command(BaseCommand):
                 returncode=PARTIAL,
             )
 
-    def _confirm(self, rows: list[dict[str, Any]], stdin: TextIO) -> None:
-        if not stdin.isatty():
+    def _confirm(self, rows: list[dict[str, Any]], stdin: TextIO | None) -> None:
+        # None: Python's sys.stdin when file descriptor 0 is closed (a daemon, "<&-").
+        if stdin is None or not stdin.isatty():
             raise CommandError(
                 "breaking locks needs a confirmation and standard input is not a terminal: "
                 "pass --yes to break without asking; no lock was broken",
