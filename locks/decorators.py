@@ -60,8 +60,16 @@ class ViewLock:
     ) -> None:
         if not callable(key):
             check_key_template(key)
-        # Checked now, at import time of the view, not at its first request.
-        _Request.build("x", ttl, "x", using, note or "", auto_renew)
+        # The arguments are checked now, at import time of the view, not at its first
+        # request. The settings they leave to (DATABASE, DEFAULT_TTL, RENEW_FRACTION) are
+        # read per request: a bad one raised here would break importing the URLconf, and
+        # manage.py check (which imports it) with a traceback before it could report it.
+        if ttl is not None:
+            validation.ttl_seconds(ttl)
+        if using is not None:
+            validation.check_alias(using)
+        if not isinstance(auto_renew, bool):
+            raise TypeError(f"auto_renew must be True or False, not {auto_renew!r}")
         self.key = key
         self.ttl = ttl
         self.timeout = validation.timeout_seconds(timeout)

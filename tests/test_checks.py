@@ -327,3 +327,35 @@ def test_w003_mariadb_that_may_lose_committed_grants_is_warned(lazy_innodb_flush
 def test_manage_py_check_runs_the_checks() -> None:
     with pytest.raises(SystemCheckError, match=r"locks\.E002"):
         call_command("check")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("settings", "check_id", "key"),
+    [
+        ({"DATABASE": "nowhere"}, "locks.E002", "DATABASE"),
+        ({"DEFAULT_TTL": 0}, "locks.E005", "DEFAULT_TTL"),
+        ({"RENEW_FRACTION": 1}, "locks.E005", "RENEW_FRACTION"),
+    ],
+)
+def test_a_bad_setting_is_reported_by_check_not_raised_where_lock_view_decorates(
+    settings: dict[str, Any], check_id: str, key: str
+) -> None:
+    # lock_view runs when the URLconf is imported, which manage.py check does (its URL
+    # checks) before it reports anything: raising there is a traceback, not the check.
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from locks.decorators import lock_view
+
+    def report(request: Any) -> HttpResponse:
+        return HttpResponse("done")
+
+    with override_settings(LOCKS=settings):
+        view = lock_view("report", auto_renew=True)(report)
+        with pytest.raises(SystemCheckError, match=check_id):
+            call_command("check")
+        with pytest.raises((TypeError, ValueError), match=rf"LOCKS\['{key}'\]"):
+            view(RequestFactory().get("/report"))
+    assert not Lock.objects.exists()
+    assert view(RequestFactory().get("/report")).content == b"done"
