@@ -379,3 +379,15 @@ def test_break_without_yes_and_with_stdin_closed_refuses(monkeypatch: pytest.Mon
     code, message = fails("break", "orders:9")
     assert code == 2 and "--yes" in message
     assert Lock.objects.get().token == lease.token
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "manual"])
+@pytest.mark.parametrize("args", [["list"], ["break", "orders:1", "--yes"], ["reap"]])
+def test_an_alias_without_autocommit_and_the_lock_table_says_to_migrate_too(
+    args: list[str],
+) -> None:
+    # "manual" mirrors "default" with AUTOCOMMIT = False: on PostgreSQL the failed read
+    # leaves its transaction aborted, where no other statement runs until a rollback.
+    with lock_table_away("default"):
+        code, message = fails(*args, "--database", "manual")
+    assert code == 3 and "manage.py migrate locks --database manual" in message

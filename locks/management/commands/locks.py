@@ -14,8 +14,9 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
+from locks import connection as own_connection
 from locks import validation
 from locks.conf import conf
 from locks.leases import break_lock, reap_expired
@@ -75,7 +76,10 @@ def _rows(alias: str, names: list[str] | None = None, state: str = "held") -> li
 
 def _lacks_table(alias: str) -> bool:
     """Whether ``alias``'s database surely has no lock table (False if it cannot tell)."""
-    connection = connections[alias]
+    # Asked on the app's own autocommit connection: Django's may be in the transaction
+    # the failed read opened (AUTOCOMMIT = False, or an atomic block), which PostgreSQL
+    # has aborted, refusing any further statement.
+    connection = own_connection.get(alias)
     try:
         with connection.cursor() as cursor:
             return Lock._meta.db_table not in connection.introspection.table_names(cursor)
