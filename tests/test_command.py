@@ -120,6 +120,30 @@ def test_break_with_yes_breaks_and_the_holder_gets_lock_lost() -> None:
         lease.release()
 
 
+@pytest.mark.parametrize("flag", ["--no-input", "--noinput"])
+def test_break_takes_djangos_no_input_flag_as_yes(flag: str) -> None:
+    # As manage.py flush --no-input: no prompt, the destructive action goes ahead.
+    lease = locks.acquire("orders:9", ttl=30, holder="worker-9")
+    out, _ = run("break", "orders:9", flag)
+    assert f"Broke lock 'orders:9' (holder 'worker-9', token {lease.token})." in out
+    assert not Lock.objects.exists()
+
+
+def test_verbosity_0_leaves_out_what_break_and_reap_did_but_not_errors() -> None:
+    # For cron: -v 0 prints nothing when all went well, as Django's own commands.
+    locks.acquire("orders:9", ttl=30, holder="worker-9")
+    expired("orders:old")
+    assert run("break", "orders:9", "--yes", "-v", "0") == ("", "")
+    assert run("reap", "-v", "0") == ("", "")
+    assert run("reap", "-v", "1")[0].strip() == "Reaped 0 expired lock(s)."
+    assert not Lock.objects.exists()
+    with pytest.raises(CommandError, match="1 of 1 lock"):
+        run("break", "orders:gone", "--yes", "-v", "0")
+    # The listing is what list is for: -v 0 keeps it.
+    locks.acquire("orders:10", ttl=30, holder="worker-10")
+    assert "orders:10" in run("list", "-v", "0")[0]
+
+
 def test_break_with_yes_names_the_holding_it_broke_when_the_lock_changed_hands() -> None:
     old = locks.acquire("orders:10", ttl=30, holder="worker-old")
     taken: list[locks.Lease] = []

@@ -165,7 +165,14 @@ class Command(BaseCommand):
         listing.add_argument("--json", action="store_true", help="print JSON, not a table")
         breaking = commands.add_parser("break", help="break locks: their holders lose them")
         breaking.add_argument("names", nargs="+", metavar="NAME", help="lock names")
-        breaking.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        breaking.add_argument(
+            "--yes",
+            "--no-input",
+            "--noinput",  # Django's spelling, as manage.py flush takes it
+            dest="yes",
+            action="store_true",
+            help="do not ask for confirmation",
+        )
         reaping = commands.add_parser("reap", help="delete expired lock rows in batches")
         reaping.add_argument("--batch-size", type=int, default=None, help="rows per statement")
         for sub in (listing, breaking, reaping):
@@ -186,9 +193,9 @@ class Command(BaseCommand):
                 self._list(alias, options)
             elif subcommand == "break":
                 stdin = options.get("stdin") or sys.stdin
-                self._break(alias, options["names"], options["yes"], stdin)
+                self._break(alias, options["names"], options["yes"], stdin, options["verbosity"])
             else:
-                self._reap(alias, options["batch_size"])
+                self._reap(alias, options["batch_size"], options["verbosity"])
         except DatabaseError as exc:
             # Only a missing table gets its own answer; any other database error (server
             # down, no permission) is reported as it is, not as "not migrated".
@@ -214,7 +221,9 @@ class Command(BaseCommand):
                 {"held": "No held locks.", "expired": "No expired locks."}.get(state, "No locks.")
             )
 
-    def _break(self, alias: str, names: list[str], yes: bool, stdin: TextIO | None) -> None:
+    def _break(
+        self, alias: str, names: list[str], yes: bool, stdin: TextIO | None, verbosity: int
+    ) -> None:
         try:
             names = list(dict.fromkeys(validation.check_name(name) for name in names))
         except (TypeError, ValueError) as exc:
@@ -226,13 +235,13 @@ class Command(BaseCommand):
         missed = [name for name in names if name not in found]
         for name, row in found.items():
             broken = _break_holding(alias, row, again=yes)
-            if broken is not None:
+            if broken is None:
+                self.stderr.write(f"Lock {name!r} was released or taken again meanwhile.")
+                missed.append(name)
+            elif verbosity > 0:  # -v 0: only errors, as Django's own commands
                 self.stdout.write(
                     f"Broke lock {name!r} (holder {broken['holder']!r}, token {broken['token']})."
                 )
-            else:
-                self.stderr.write(f"Lock {name!r} was released or taken again meanwhile.")
-                missed.append(name)
         unknown = [name for name in missed if name not in found]
         if unknown:
             self.stderr.write(f"Unknown lock name(s): {', '.join(map(repr, unknown))}.")
@@ -256,9 +265,10 @@ class Command(BaseCommand):
         if stdin.readline().strip().lower() not in {"y", "yes"}:
             raise CommandError("aborted: no lock was broken", returncode=PARTIAL)
 
-    def _reap(self, alias: str, batch_size: Any) -> None:
+    def _reap(self, alias: str, batch_size: Any, verbosity: int) -> None:
         try:
             deleted = reap_expired(batch_size, using=alias)
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc), returncode=USAGE) from exc
-        self.stdout.write(f"Reaped {deleted} expired lock(s).")
+        if verbosity > 0:
+            self.stdout.write(f"Reaped {deleted} expired lock(s).")
