@@ -96,12 +96,19 @@ def default_key(task_name: str, arguments: Mapping[str, Any] | Sequence[Any]) ->
     return fit_key(f"{task_name}:{encoded}")
 
 
-def _carried(chain: Any, link: Any, link_error: Any) -> str:
-    """What a message sent with these options carries beyond its own run, in words."""
+def _carried(chain: Any, chord: Any, link: Any, link_error: Any) -> str:
+    """What a message sent with these options carries beyond its own run, in words.
+
+    Example::
+
+        _carried([next_task], None, None, None)  # 'the rest of its chain'
+    """
     parts = [
         words
         for present, words in (
             (chain, "the rest of its chain"),
+            # A chord's header task: the body runs once every header task has reported.
+            (chord, "its chord's body"),
             (link, "its link callbacks"),
             (link_error, "its link_error callbacks"),
         )
@@ -267,11 +274,11 @@ class SingletonTask(Task[..., Any]):
         # A run held back by countdown or eta starts that much later: until then it is
         # queued, and its key must stay taken (retries come this way too).
         ttl = min(ttl + _delay(options, self.app.timezone), validation.MAX_TTL)
-        # The first task of a chain carries the rest of it, and a task its link= and
-        # link_error= callbacks: not enqueued, it would drop them unsent, while the
-        # caller waits for the chain's last result for ever. Another task id's queued run
-        # stands for this run, not for what it carries: raise.
-        dropped = _carried(options.get("chain"), link, link_error)
+        # The first task of a chain carries the rest of it, a chord's header task the
+        # chord's body, and a task its link= and link_error= callbacks: not enqueued, it
+        # would drop them unsent, while the caller waits for the last result for ever.
+        # Another task id's queued run stands for this run, not for what it carries: raise.
+        dropped = _carried(options.get("chain"), options.get("chord"), link, link_error)
         for _ in range(_DUPLICATE_ATTEMPTS):
             lease = leases.try_acquire(key, ttl=ttl, holder=task_id, using=alias, note=self._note())
             if lease is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import Celery, chain
+from celery import Celery, chain, chord
 from django.db import connections
 
 import locks
@@ -461,6 +461,29 @@ def test_a_duplicate_sent_with_callbacks_raises_instead_of_dropping_them(
     assert worker.received("tests.record").count(first.id) == 1
     assert CeleryRun.objects.filter(label="linked-dup").count() == 1
     assert not CeleryRun.objects.filter(label=f"after-{option}").exists()
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
+def test_a_duplicate_in_a_chord_header_raises_instead_of_dropping_the_body(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # A header task carries the chord's body (Celery's options["chord"]): the body runs
+    # when every header task has reported. The queued run that "return" mode would answer
+    # with reports to no chord, so the body would never run, and the caller would wait
+    # on the chord's result for ever. The caller is told instead.
+    worker, gate = results_worker, tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    first = record.delay("chord-dup", str(gate))
+    header = [record.si("chord-dup", str(gate)), record.si("chord-other")]
+    with pytest.raises(locks.DuplicateTask, match="not sent either: its chord's body") as caught:
+        chord(header)(record.si("chord-body"))
+    assert caught.value.task_id == first.id
+    gate.touch()
+    assert first.get(timeout=60) == "chord-dup"
+    drain(worker, tmp_path)
+    assert worker.received("tests.record").count(first.id) == 1
+    assert CeleryRun.objects.filter(label="chord-dup").count() == 1
+    assert not CeleryRun.objects.filter(label__in=["chord-other", "chord-body"]).exists()
     wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
