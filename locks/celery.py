@@ -96,19 +96,24 @@ def default_key(task_name: str, arguments: Mapping[str, Any] | Sequence[Any]) ->
     return fit_key(f"{task_name}:{encoded}")
 
 
-def _carried(chain: Any, chord: Any, link: Any, link_error: Any) -> str:
-    """What a message sent with these options carries beyond its own run, in words.
+def _carried(options: Mapping[str, Any], link: Any, link_error: Any) -> str:
+    """What a message sent with these options carries beyond its own run, in words: what
+    would be lost, or wait for ever, if another task id's run stood in for it.
 
     Example::
 
-        _carried([next_task], None, None, None)  # 'the rest of its chain'
+        _carried({"chain": [next_task]}, None, None)  # 'the rest of its chain'
     """
+    chain = options.get("chain")
     parts = [
         words
         for present, words in (
             (chain, "the rest of its chain"),
-            # A chord's header task: the body runs once every header task has reported.
-            (chord, "its chord's body"),
+            # The last task of a chain goes with an empty one: the chain's result is its.
+            (chain is not None and not chain, "the end of its chain"),
+            (options.get("chord"), "its chord's body"),
+            # A group's result is made of the ids its tasks were given before the sending.
+            (options.get("group_id"), "its group's result"),
             (link, "its link callbacks"),
             (link_error, "its link_error callbacks"),
         )
@@ -275,10 +280,12 @@ class SingletonTask(Task[..., Any]):
         # queued, and its key must stay taken (retries come this way too).
         ttl = min(ttl + _delay(options, self.app.timezone), validation.MAX_TTL)
         # The first task of a chain carries the rest of it, a chord's header task the
-        # chord's body, and a task its link= and link_error= callbacks: not enqueued, it
-        # would drop them unsent, while the caller waits for the last result for ever.
+        # chord's body (which runs once every header task has reported), and a task its
+        # link= and link_error= callbacks; a group's task and a chain's last one have ids
+        # their group's or chain's result waits for. Not enqueued, it would drop them
+        # unsent or leave that result waiting, while the caller waits for ever.
         # Another task id's queued run stands for this run, not for what it carries: raise.
-        dropped = _carried(options.get("chain"), options.get("chord"), link, link_error)
+        dropped = _carried(options, link, link_error)
         for _ in range(_DUPLICATE_ATTEMPTS):
             lease = leases.try_acquire(key, ttl=ttl, holder=task_id, using=alias, note=self._note())
             if lease is not None:

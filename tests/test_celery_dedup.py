@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import Celery, chain, chord
+from celery import Celery, chain, chord, group
 from django.db import connections
 
 import locks
@@ -484,6 +484,51 @@ def test_a_duplicate_in_a_chord_header_raises_instead_of_dropping_the_body(
     assert worker.received("tests.record").count(first.id) == 1
     assert CeleryRun.objects.filter(label="chord-dup").count() == 1
     assert not CeleryRun.objects.filter(label__in=["chord-other", "chord-body"]).exists()
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
+def test_a_duplicate_in_a_group_raises_instead_of_leaving_the_groups_result_waiting(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # A group's result is made of the ids its tasks were given before they are sent: a
+    # duplicate answered with another run's result is never sent under its id, and the
+    # group's result would wait for it for ever. The caller is told instead.
+    worker, gate = results_worker, tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    first = record.delay("group-dup", str(gate))
+    with pytest.raises(locks.DuplicateTask, match="not sent either: its group's result") as caught:
+        group(record.si("group-dup", str(gate)), record.si("group-other")).apply_async()
+    assert caught.value.task_id == first.id
+    gate.touch()
+    assert first.get(timeout=60) == "group-dup"
+    drain(worker, tmp_path)
+    assert worker.received("tests.record").count(first.id) == 1
+    assert CeleryRun.objects.filter(label="group-dup").count() == 1
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
+def test_a_duplicate_at_the_end_of_a_chain_fails_the_task_before_it(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # The chain's result is its last task's, under the id the chain gave it: answered with
+    # another run's result, that id would stay PENDING for ever. The worker's sending of
+    # it fails instead, as in the middle of a chain.
+    worker, gate = results_worker, tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    first = record.delay("end-dup", str(gate))
+    before_id = str(uuid.uuid4())
+    workflow = chain(
+        record.si("end-before").set(task_id=before_id), record.si("end-dup", str(gate))
+    )
+    workflow.apply_async()
+    before = worker.app.AsyncResult(before_id)
+    with pytest.raises(locks.DuplicateTask, match="not sent either: the end of its chain"):
+        before.get(timeout=60)
+    assert before.state == "FAILURE"
+    gate.touch()
+    assert first.get(timeout=60) == "end-dup"
+    drain(worker, tmp_path)
+    assert CeleryRun.objects.filter(label="end-dup").count() == 1
     wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
