@@ -1,4 +1,5 @@
-"""The auto-renew watchdog: one daemon thread per process renews every auto-renewing lease."""
+"""The auto-renew watchdog: one daemon thread per process and database alias renews the
+auto-renewing leases held on that database."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ logger = logging.getLogger("locks.watchdog")
 
 
 class Watchdog:
-    """Renews watched leases at a fraction of their TTL until they are released.
+    """Renews watched leases (of one database alias) at a fraction of their TTL until they
+    are released.
 
     It holds only weak references, so a lease dropped without release simply expires; it
     runs as a daemon thread, so it never keeps a process alive.
@@ -125,17 +127,29 @@ class Watchdog:
             self.watch(lease, delay)
 
 
-_watchdog = Watchdog()
+# One watchdog per database alias: a renewal stuck on one database (a server that hangs,
+# a long transaction holding the lock row) would otherwise hold up the renewals of the
+# leases on every other database until they expire.
+_watchdogs: dict[str, Watchdog] = {}
 
 
 def _reset_after_fork() -> None:
-    global _watchdog
-    _watchdog = Watchdog()
+    global _watchdogs
+    _watchdogs = {}
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def watch(lease: Lease, delay: float) -> None:
-    """Have the process's watchdog renew ``lease`` in ``delay`` seconds, then periodically."""
-    _watchdog.watch(lease, delay)
+    """Have the watchdog of ``lease.using`` renew ``lease`` in ``delay`` seconds, then
+    periodically.
+
+    Example::
+
+        watch(lease, lease._renew_interval())
+    """
+    # setdefault is atomic: two threads watching their first leases on an alias at once
+    # get the same watchdog.
+    dog = _watchdogs.get(lease.using) or _watchdogs.setdefault(lease.using, Watchdog())
+    dog.watch(lease, delay)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
 from tests.conftest import BACKEND
 from tests.history import load
@@ -129,22 +129,24 @@ def wait_until_waiting(session: int, seconds: float = 30) -> None:
         time.sleep(0.05)
 
 
-def hold_write_lock(name: str, seconds: float) -> threading.Thread:
-    """Block writes to lock ``name``'s row from another connection for ``seconds``.
+def hold_write_lock(name: str, seconds: float, using: str = DEFAULT_DB_ALIAS) -> threading.Thread:
+    """Block writes to lock ``name``'s row on database ``using`` from another connection
+    for ``seconds``.
 
     On SQLite, whose only lock is the file's write lock, every write waits.
     """
     ready = threading.Event()
 
     def block() -> None:
-        with transaction.atomic(), connection.cursor() as cursor:
+        held = connections[using]  # this thread's own
+        with transaction.atomic(using=using), held.cursor() as cursor:
             if BACKEND == "sqlite":
                 cursor.execute("UPDATE locks_lock SET note = note WHERE name = %s", [name])
             else:
                 cursor.execute("SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", [name])
             ready.set()
             time.sleep(seconds)
-        connection.close()
+        held.close()
 
     thread = threading.Thread(target=block)
     thread.start()

@@ -21,7 +21,7 @@ from tests.conftest import finish, spawn
 from tests.faults import hold_write_lock, kill_session
 from tests.workers_reliability import SESSION_ID
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
 
 def wait_for(condition: object, seconds: float = 10) -> bool:
@@ -87,7 +87,7 @@ def test_watchdog_stops_renewing_after_release() -> None:
     time.sleep(0.8)
     assert not locks.is_locked("orders:1")
     assert Lock.objects.get(name="orders:1").expires_at == first_expiry
-    assert wait_for(lambda: not watchdog._watchdog._queue, 2)
+    assert wait_for(lambda: not watchdog._watchdogs[conf.DATABASE]._queue, 2)
 
 
 def test_a_release_that_fails_stops_the_renewals_and_the_lease_runs_out(backend: str) -> None:
@@ -132,6 +132,24 @@ def test_a_release_that_races_a_due_renewal_stops_no_other_renewals() -> None:
     other.release()
 
 
+def test_a_renewal_stuck_on_one_database_does_not_starve_the_leases_on_another() -> None:
+    # "other" stands for a second database server that hangs (here: a transaction holds
+    # the lock row's write lock); the leases on "default" must go on being renewed.
+    stuck = locks.acquire("orders:1", ttl=3, using="other", auto_renew=True)  # due at 1 s
+    lease = locks.acquire("orders:2", ttl=0.6, auto_renew=True)  # every 0.2 s
+    blocker = hold_write_lock("orders:1", 2.5, using="other")
+    time.sleep(2.0)  # the stuck renewal waits from about 1 s to 2.5 s
+    try:
+        assert locks.check_token("orders:2", lease.token)
+        assert not lease.lost
+    finally:
+        blocker.join(10)
+    assert locks.check_token("orders:1", stuck.token, using="other")
+    assert not stuck.lost
+    lease.release()
+    stuck.release()
+
+
 def test_a_lease_watched_while_an_idle_watchdog_ends_is_still_renewed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -148,7 +166,7 @@ def test_a_lease_watched_while_an_idle_watchdog_ends_is_still_renewed(
         return ref
 
     monkeypatch.setattr(dog, "_next_due", held_up_when_idle)
-    monkeypatch.setattr(watchdog, "_watchdog", dog)
+    monkeypatch.setitem(watchdog._watchdogs, conf.DATABASE, dog)
     try:
         locks.acquire("orders:1", ttl=0.3, auto_renew=True).release()
         assert ending.wait(5)
