@@ -558,8 +558,15 @@ def _end(lease: Lease, failing: bool) -> None:
             logger.warning("lock %r was lost before the end of its block", lease.name)
             return
         raise
-    except Exception:
+    except Exception as exc:
         if not failing:
+            if lost_meanwhile:
+                # Known lost before the release was tried (renewals that failed until the
+                # lease was surely over, say, with the database down): that is what the
+                # holder must learn; the release's own failure comes along as the cause.
+                raise LockLost(
+                    f"lock {lease.name!r} was lost while its block ran (auto-renew failed)"
+                ) from exc
             raise
         # As atomic() does when its rollback fails: the block's error is the one to see.
         # The lease expires at the end of its TTL.

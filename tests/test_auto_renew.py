@@ -9,7 +9,7 @@ import time
 import weakref
 
 import pytest
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from django.test import override_settings
 
 import locks
@@ -198,3 +198,26 @@ def test_watchdog_never_keeps_a_process_alive() -> None:
     # The worker takes an auto-renewing lease and returns from main() without releasing.
     events = finish(spawn("auto_renew_exit", "orders:1", 5), timeout=60)
     assert events == [{"event": "acquired"}]
+
+
+def test_a_lease_lost_to_failing_renewals_raises_lock_lost_when_its_release_fails_too() -> None:
+    # From inside the block on, every lock statement on "other" fails (its table is gone,
+    # as good as a database that is down): the renewals fail until the lease is surely
+    # over, then the release at the end fails too. The block must still raise LockLost:
+    # it was not protected to its end.
+    other = connections["other"]
+    gone = False
+    try:
+        with (
+            pytest.raises(locks.LockLost, match="orders:1") as caught,
+            locks.lock("orders:1", ttl=1, using="other", auto_renew=True) as lease,
+        ):
+            with other.cursor() as cursor:
+                cursor.execute("ALTER TABLE locks_lock RENAME TO locks_lock_away")
+            gone = True
+            assert wait_for(lambda: lease.lost, 5)
+    finally:
+        if gone:
+            with other.cursor() as cursor:
+                cursor.execute("ALTER TABLE locks_lock_away RENAME TO locks_lock")
+    assert isinstance(caught.value.__cause__, DatabaseError)
