@@ -113,7 +113,10 @@ def _carried(options: Mapping[str, Any], link: Any, link_error: Any) -> str:
             (chain is not None and not chain, "the end of its chain"),
             (options.get("chord"), "its chord's body"),
             # A group's result is made of the ids its tasks were given before the sending.
-            (options.get("group_id"), "its group's result"),
+            # Not so a group Celery sends with the run before it as parent_id: a finished
+            # run's link callbacks (more than one) and its errbacks, whose result no one
+            # gets; a chain's or chord's group comes with its chain or chord.
+            (options.get("group_id") and not options.get("parent_id"), "its group's result"),
             (link, "its link callbacks"),
             (link_error, "its link_error callbacks"),
         )

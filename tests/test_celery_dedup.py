@@ -507,6 +507,49 @@ def test_a_duplicate_in_a_group_raises_instead_of_leaving_the_groups_result_wait
     wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
+def test_a_duplicate_among_a_runs_link_callbacks_is_answered_as_a_lone_callback_is(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # Celery sends a finished run's link callbacks, when there are several, as a group:
+    # its result goes to no one, so a duplicate among them is answered with the queued
+    # run's result, as one callback alone is, not refused (which failed the run that had
+    # succeeded, and left the callbacks after it unsent).
+    worker, gate = results_worker, tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    first = record.delay("links-dup", str(gate))
+    callbacks = [record.si("links-dup", str(gate)), record.si("links-other")]
+    parent = record.apply_async(("links-parent",), link=callbacks)
+    assert parent.get(timeout=60) == "links-parent"
+    wait_until(lambda: finished_runs("links-other"), what="the other callback")
+    gate.touch()
+    assert first.get(timeout=60) == "links-dup"
+    drain(worker, tmp_path)
+    assert CeleryRun.objects.filter(label="links-dup").count() == 1
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
+def test_a_duplicate_errback_leaves_the_runs_own_failure_alone(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # Celery sends a failed run's task errbacks as a group whose result goes to no one:
+    # a duplicate errback is answered with the queued run's result, and the run's failure
+    # stays its own error (it was replaced by DuplicateTask).
+    worker, gate = results_worker, tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    first = record.delay("errback-dup", str(gate))
+    failing = singleton(worker.app, "tests.fail").apply_async(
+        ("errback-parent",), link_error=record.si("errback-dup", str(gate))
+    )
+    with pytest.raises(RuntimeError, match="failed on purpose"):
+        failing.get(timeout=60)
+    gate.touch()
+    assert first.get(timeout=60) == "errback-dup"
+    drain(worker, tmp_path)
+    assert "DuplicateTask" not in worker.process.text()
+    assert CeleryRun.objects.filter(label="errback-dup").count() == 1
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
 def test_a_duplicate_at_the_end_of_a_chain_fails_the_task_before_it(
     results_worker: Worker, tmp_path: Path
 ) -> None:
