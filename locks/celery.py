@@ -109,8 +109,10 @@ def _carried(options: Mapping[str, Any], link: Any, link_error: Any) -> str:
         words
         for present, words in (
             (chain, "the rest of its chain"),
-            # The last task of a chain goes with an empty one: the chain's result is its.
-            (chain is not None and not chain, "the end of its chain"),
+            # The worker sends a chain's last task with an empty one, and the run before it
+            # as parent_id: the chain's result is its. (A chain of one task, sent with an
+            # empty one too, returns the task's own result to its caller.)
+            (chain is not None and not chain and options.get("parent_id"), "the end of its chain"),
             (options.get("chord"), "its chord's body"),
             # A group's result is made of the ids its tasks were given before the sending.
             # Not so a group Celery sends with the run before it as parent_id: a finished

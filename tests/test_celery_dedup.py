@@ -575,6 +575,24 @@ def test_a_duplicate_at_the_end_of_a_chain_fails_the_task_before_it(
     wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
+def test_a_chain_of_one_duplicate_task_is_answered_as_the_task_alone_is(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # A chain of one task is sent with an empty rest of the chain, as the worker sends a
+    # chain's last task; but its caller gets that task's own result, so "return" mode
+    # answers it with the queued run's, as it answers the task sent alone.
+    worker, gate = results_worker, tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    first = record.delay("lone-chain", str(gate))
+    again = chain(record.si("lone-chain", str(gate))).apply_async()
+    assert again.id == first.id
+    gate.touch()
+    assert again.get(timeout=60) == "lone-chain"
+    drain(worker, tmp_path)
+    assert CeleryRun.objects.filter(label="lone-chain").count() == 1
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
 def test_a_duplicate_later_in_a_chain_ends_the_chain_as_a_failure_of_the_task_before_it(
     results_worker: Worker, tmp_path: Path
 ) -> None:
