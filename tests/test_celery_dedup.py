@@ -8,6 +8,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -421,26 +422,45 @@ def test_a_run_skipped_as_a_duplicate_stays_pending_in_the_result_backend(
     assert skipped.result is None
 
 
+@dataclass
+class HeldRun:
+    """A run of ``tests.record`` queued and held at its gate (see :func:`held_run`)."""
+
+    record: Any  # the task, as a SingletonTask of the worker's app
+    first: Any  # the held run's AsyncResult
+    args: tuple[str, str]  # its arguments, (label, gate): a duplicate's too
+
+
+@contextmanager
+def held_run(worker: Worker, tmp_path: Path, label: str) -> Iterator[HeldRun]:
+    """A run of ``tests.record(label, gate)`` queued and held at its gate while the block
+    sends duplicates of it; then it goes on. It ran once, and every lease was released."""
+    gate = tmp_path / "gate"
+    record = singleton(worker.app, "tests.record")
+    held = HeldRun(record, record.delay(label, str(gate)), (label, str(gate)))
+    try:
+        yield held
+    finally:
+        gate.touch()  # a failed block too: a run left waiting would stall the next tests
+    assert held.first.get(timeout=60) == label
+    drain(worker, tmp_path)
+    assert CeleryRun.objects.filter(label=label).count() == 1
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
 def test_a_chain_whose_first_task_is_a_duplicate_raises_instead_of_vanishing(
     results_worker: Worker, tmp_path: Path
 ) -> None:
     # "return" mode answers a duplicate with the queued run's result; but that run is not
     # followed by the rest of this chain, which would be dropped unsent while the caller
     # waits on the chain's result for ever. The caller is told instead, in either mode.
-    worker, gate = results_worker, tmp_path / "gate"
-    record = singleton(worker.app, "tests.record")
-    first = record.delay("chained-dup", str(gate))
-    workflow = chain(record.si("chained-dup", str(gate)), record.si("after-dup"))
-    with pytest.raises(locks.DuplicateTask, match="the rest of its chain") as caught:
-        workflow.apply_async()
-    assert caught.value.task_id == first.id
-    gate.touch()
-    assert first.get(timeout=60) == "chained-dup"
-    drain(worker, tmp_path)
-    assert worker.received("tests.record").count(first.id) == 1
+    with held_run(results_worker, tmp_path, "chained-dup") as held:
+        workflow = chain(held.record.si(*held.args), held.record.si("after-dup"))
+        with pytest.raises(locks.DuplicateTask, match="the rest of its chain") as caught:
+            workflow.apply_async()
+        assert caught.value.task_id == held.first.id
+    assert results_worker.received("tests.record").count(held.first.id) == 1
     assert not CeleryRun.objects.filter(label="after-dup").exists()
-    assert CeleryRun.objects.filter(label="chained-dup").count() == 1
-    wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
 @pytest.mark.parametrize("option", ["link", "link_error"])
@@ -449,19 +469,12 @@ def test_a_duplicate_sent_with_callbacks_raises_instead_of_dropping_them(
 ) -> None:
     # As with a chain: the queued run that "return" mode would answer with does not call
     # this send's callbacks, which would never run. The caller is told instead.
-    worker, gate = results_worker, tmp_path / "gate"
-    record = singleton(worker.app, "tests.record")
-    first = record.delay("linked-dup", str(gate))
-    callback: dict[str, Any] = {option: record.si(f"after-{option}")}
-    with pytest.raises(locks.DuplicateTask, match=f"not sent either: its {option} callbacks"):
-        record.apply_async(("linked-dup", str(gate)), **callback)
-    gate.touch()
-    assert first.get(timeout=60) == "linked-dup"
-    drain(worker, tmp_path)
-    assert worker.received("tests.record").count(first.id) == 1
-    assert CeleryRun.objects.filter(label="linked-dup").count() == 1
+    with held_run(results_worker, tmp_path, "linked-dup") as held:
+        callback: dict[str, Any] = {option: held.record.si(f"after-{option}")}
+        with pytest.raises(locks.DuplicateTask, match=f"not sent either: its {option} callbacks"):
+            held.record.apply_async(held.args, **callback)
+    assert results_worker.received("tests.record").count(held.first.id) == 1
     assert not CeleryRun.objects.filter(label=f"after-{option}").exists()
-    wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
 def test_a_duplicate_in_a_chord_header_raises_instead_of_dropping_the_body(
@@ -471,20 +484,15 @@ def test_a_duplicate_in_a_chord_header_raises_instead_of_dropping_the_body(
     # when every header task has reported. The queued run that "return" mode would answer
     # with reports to no chord, so the body would never run, and the caller would wait
     # on the chord's result for ever. The caller is told instead.
-    worker, gate = results_worker, tmp_path / "gate"
-    record = singleton(worker.app, "tests.record")
-    first = record.delay("chord-dup", str(gate))
-    header = [record.si("chord-dup", str(gate)), record.si("chord-other")]
-    with pytest.raises(locks.DuplicateTask, match="not sent either: its chord's body") as caught:
-        chord(header)(record.si("chord-body"))
-    assert caught.value.task_id == first.id
-    gate.touch()
-    assert first.get(timeout=60) == "chord-dup"
-    drain(worker, tmp_path)
-    assert worker.received("tests.record").count(first.id) == 1
-    assert CeleryRun.objects.filter(label="chord-dup").count() == 1
+    with held_run(results_worker, tmp_path, "chord-dup") as held:
+        header = [held.record.si(*held.args), held.record.si("chord-other")]
+        with pytest.raises(
+            locks.DuplicateTask, match="not sent either: its chord's body"
+        ) as caught:
+            chord(header)(held.record.si("chord-body"))
+        assert caught.value.task_id == held.first.id
+    assert results_worker.received("tests.record").count(held.first.id) == 1
     assert not CeleryRun.objects.filter(label__in=["chord-other", "chord-body"]).exists()
-    wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
 def test_a_duplicate_in_a_group_raises_instead_of_leaving_the_groups_result_waiting(
@@ -493,18 +501,14 @@ def test_a_duplicate_in_a_group_raises_instead_of_leaving_the_groups_result_wait
     # A group's result is made of the ids its tasks were given before they are sent: a
     # duplicate answered with another run's result is never sent under its id, and the
     # group's result would wait for it for ever. The caller is told instead.
-    worker, gate = results_worker, tmp_path / "gate"
-    record = singleton(worker.app, "tests.record")
-    first = record.delay("group-dup", str(gate))
-    with pytest.raises(locks.DuplicateTask, match="not sent either: its group's result") as caught:
-        group(record.si("group-dup", str(gate)), record.si("group-other")).apply_async()
-    assert caught.value.task_id == first.id
-    gate.touch()
-    assert first.get(timeout=60) == "group-dup"
-    drain(worker, tmp_path)
-    assert worker.received("tests.record").count(first.id) == 1
-    assert CeleryRun.objects.filter(label="group-dup").count() == 1
-    wait_until(lambda: not Lock.objects.exists(), what="every release")
+    with held_run(results_worker, tmp_path, "group-dup") as held:
+        members = group(held.record.si(*held.args), held.record.si("group-other"))
+        with pytest.raises(
+            locks.DuplicateTask, match="not sent either: its group's result"
+        ) as caught:
+            members.apply_async()
+        assert caught.value.task_id == held.first.id
+    assert results_worker.received("tests.record").count(held.first.id) == 1
 
 
 def test_a_duplicate_among_a_runs_link_callbacks_is_answered_as_a_lone_callback_is(
@@ -514,18 +518,11 @@ def test_a_duplicate_among_a_runs_link_callbacks_is_answered_as_a_lone_callback_
     # its result goes to no one, so a duplicate among them is answered with the queued
     # run's result, as one callback alone is, not refused (which failed the run that had
     # succeeded, and left the callbacks after it unsent).
-    worker, gate = results_worker, tmp_path / "gate"
-    record = singleton(worker.app, "tests.record")
-    first = record.delay("links-dup", str(gate))
-    callbacks = [record.si("links-dup", str(gate)), record.si("links-other")]
-    parent = record.apply_async(("links-parent",), link=callbacks)
-    assert parent.get(timeout=60) == "links-parent"
-    wait_until(lambda: finished_runs("links-other"), what="the other callback")
-    gate.touch()
-    assert first.get(timeout=60) == "links-dup"
-    drain(worker, tmp_path)
-    assert CeleryRun.objects.filter(label="links-dup").count() == 1
-    wait_until(lambda: not Lock.objects.exists(), what="every release")
+    with held_run(results_worker, tmp_path, "links-dup") as held:
+        callbacks = [held.record.si(*held.args), held.record.si("links-other")]
+        parent = held.record.apply_async(("links-parent",), link=callbacks)
+        assert parent.get(timeout=60) == "links-parent"
+        wait_until(lambda: finished_runs("links-other"), what="the other callback")
 
 
 def test_a_duplicate_errback_leaves_the_runs_own_failure_alone(
@@ -534,20 +531,13 @@ def test_a_duplicate_errback_leaves_the_runs_own_failure_alone(
     # Celery sends a failed run's task errbacks as a group whose result goes to no one:
     # a duplicate errback is answered with the queued run's result, and the run's failure
     # stays its own error (it was replaced by DuplicateTask).
-    worker, gate = results_worker, tmp_path / "gate"
-    record = singleton(worker.app, "tests.record")
-    first = record.delay("errback-dup", str(gate))
-    failing = singleton(worker.app, "tests.fail").apply_async(
-        ("errback-parent",), link_error=record.si("errback-dup", str(gate))
-    )
-    with pytest.raises(RuntimeError, match="failed on purpose"):
-        failing.get(timeout=60)
-    gate.touch()
-    assert first.get(timeout=60) == "errback-dup"
-    drain(worker, tmp_path)
-    assert "DuplicateTask" not in worker.process.text()
-    assert CeleryRun.objects.filter(label="errback-dup").count() == 1
-    wait_until(lambda: not Lock.objects.exists(), what="every release")
+    with held_run(results_worker, tmp_path, "errback-dup") as held:
+        failing = singleton(results_worker.app, "tests.fail").apply_async(
+            ("errback-parent",), link_error=held.record.si(*held.args)
+        )
+        with pytest.raises(RuntimeError, match="failed on purpose"):
+            failing.get(timeout=60)
+    assert "DuplicateTask" not in results_worker.process.text()
 
 
 def test_a_duplicate_at_the_end_of_a_chain_fails_the_task_before_it(
@@ -556,23 +546,14 @@ def test_a_duplicate_at_the_end_of_a_chain_fails_the_task_before_it(
     # The chain's result is its last task's, under the id the chain gave it: answered with
     # another run's result, that id would stay PENDING for ever. The worker's sending of
     # it fails instead, as in the middle of a chain.
-    worker, gate = results_worker, tmp_path / "gate"
-    record = singleton(worker.app, "tests.record")
-    first = record.delay("end-dup", str(gate))
     before_id = str(uuid.uuid4())
-    workflow = chain(
-        record.si("end-before").set(task_id=before_id), record.si("end-dup", str(gate))
-    )
-    workflow.apply_async()
-    before = worker.app.AsyncResult(before_id)
-    with pytest.raises(locks.DuplicateTask, match="not sent either: the end of its chain"):
-        before.get(timeout=60)
-    assert before.state == "FAILURE"
-    gate.touch()
-    assert first.get(timeout=60) == "end-dup"
-    drain(worker, tmp_path)
-    assert CeleryRun.objects.filter(label="end-dup").count() == 1
-    wait_until(lambda: not Lock.objects.exists(), what="every release")
+    with held_run(results_worker, tmp_path, "end-dup") as held:
+        before = held.record.si("end-before").set(task_id=before_id)
+        chain(before, held.record.si(*held.args)).apply_async()
+        result = results_worker.app.AsyncResult(before_id)
+        with pytest.raises(locks.DuplicateTask, match="not sent either: the end of its chain"):
+            result.get(timeout=60)
+        assert result.state == "FAILURE"
 
 
 def test_a_chain_of_one_duplicate_task_is_answered_as_the_task_alone_is(
@@ -581,16 +562,9 @@ def test_a_chain_of_one_duplicate_task_is_answered_as_the_task_alone_is(
     # A chain of one task is sent with an empty rest of the chain, as the worker sends a
     # chain's last task; but its caller gets that task's own result, so "return" mode
     # answers it with the queued run's, as it answers the task sent alone.
-    worker, gate = results_worker, tmp_path / "gate"
-    record = singleton(worker.app, "tests.record")
-    first = record.delay("lone-chain", str(gate))
-    again = chain(record.si("lone-chain", str(gate))).apply_async()
-    assert again.id == first.id
-    gate.touch()
-    assert again.get(timeout=60) == "lone-chain"
-    drain(worker, tmp_path)
-    assert CeleryRun.objects.filter(label="lone-chain").count() == 1
-    wait_until(lambda: not Lock.objects.exists(), what="every release")
+    with held_run(results_worker, tmp_path, "lone-chain") as held:
+        again = chain(held.record.si(*held.args)).apply_async()
+        assert again.id == held.first.id
 
 
 def test_a_duplicate_later_in_a_chain_ends_the_chain_as_a_failure_of_the_task_before_it(
@@ -600,27 +574,20 @@ def test_a_duplicate_later_in_a_chain_ends_the_chain_as_a_failure_of_the_task_be
     # there (its key taken meanwhile) cannot be sent with the rest of the chain: the
     # sending fails, and Celery records that as the failure of the task that sent it, as
     # when the broker cannot take the next task; the rest of the chain does not run.
-    worker, gate = results_worker, tmp_path / "gate"
-    record = singleton(worker.app, "tests.record")
-    first = record.delay("mid-dup", str(gate))
     before_id = str(uuid.uuid4())
-    workflow = chain(
-        record.si("mid-before").set(task_id=before_id),
-        record.si("mid-dup", str(gate)),
-        record.si("mid-after"),
-    )
-    workflow.apply_async()
-    before = worker.app.AsyncResult(before_id)
-    with pytest.raises(locks.DuplicateTask, match="the rest of its chain"):
-        before.get(timeout=60)
-    assert before.state == "FAILURE"
-    assert finished_runs("mid-before") == 1
-    gate.touch()
-    assert first.get(timeout=60) == "mid-dup"
-    drain(worker, tmp_path)
+    with held_run(results_worker, tmp_path, "mid-dup") as held:
+        workflow = chain(
+            held.record.si("mid-before").set(task_id=before_id),
+            held.record.si(*held.args),
+            held.record.si("mid-after"),
+        )
+        workflow.apply_async()
+        before = results_worker.app.AsyncResult(before_id)
+        with pytest.raises(locks.DuplicateTask, match="the rest of its chain"):
+            before.get(timeout=60)
+        assert before.state == "FAILURE"
+        assert finished_runs("mid-before") == 1
     assert not CeleryRun.objects.filter(label="mid-after").exists()
-    assert CeleryRun.objects.filter(label="mid-dup").count() == 1
-    wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
 def test_a_retry_of_a_singleton_task_in_a_chain_is_enqueued_with_the_chain(
