@@ -68,8 +68,7 @@ class ViewLock:
             validation.ttl_seconds(ttl)
         if using is not None:
             validation.check_alias(using)
-        if not isinstance(auto_renew, bool):
-            raise TypeError(f"auto_renew must be True or False, not {auto_renew!r}")
+        validation.check_auto_renew(auto_renew)
         self.key = key
         self.ttl = ttl
         self.timeout = validation.timeout_seconds(timeout)

@@ -128,9 +128,7 @@ class _Request:
         # The setting is checked where it is read (naming it in the error), once.
         ttl = conf.DEFAULT_TTL if ttl is None else validation.ttl_seconds(ttl)
         holder = default_holder() if holder is None else validation.check_holder(holder)
-        if not isinstance(auto_renew, bool):
-            raise TypeError(f"auto_renew must be True or False, not {auto_renew!r}")
-        if auto_renew:
+        if validation.check_auto_renew(auto_renew):
             # Checked now, before any query: failing once the lease is taken would strand it.
             _ = conf.RENEW_FRACTION
         return cls(name, ttl, holder, _alias(using), validation.check_note(note), auto_renew)

@@ -71,6 +71,18 @@ def check_holder(holder: Any) -> str:
     return _text(holder, "holder", MAX_HOLDER_LENGTH)
 
 
+def check_auto_renew(auto_renew: Any) -> bool:
+    """Return ``auto_renew`` if it is True or False (not merely truthy).
+
+    Example::
+
+        check_auto_renew(True)
+    """
+    if not isinstance(auto_renew, bool):
+        raise TypeError(f"auto_renew must be True or False, not {auto_renew!r}")
+    return auto_renew
+
+
 def check_note(note: Any) -> str:
     """Return ``note`` (free text for humans, may be empty) if it fits.
 

@@ -11,6 +11,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 import locks
+from locks.decorators import lock_view
 from locks.models import Lock
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
@@ -149,6 +150,9 @@ def test_bad_batch_sizes_are_refused(batch_size: Any, error: type[Exception]) ->
 def test_bad_auto_renew_and_bad_renew_ttl_are_refused() -> None:
     with pytest.raises(TypeError, match="auto_renew"):
         locks.lock("orders:1", auto_renew="yes")  # type: ignore[arg-type]
+    # lock_view refuses it where it decorates, not at the view's first request.
+    with pytest.raises(TypeError, match="auto_renew must be True or False, not 1"):
+        lock_view("orders:1", auto_renew=1)  # type: ignore[arg-type]
 
 
 def test_bad_renew_ttl_changes_nothing(own_queries: Callable[[], CaptureQueriesContext]) -> None:
