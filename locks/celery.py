@@ -414,7 +414,9 @@ class SingletonTask(Task[..., Any]):
                 # No run holds it until the next one starts: the TTL its enqueue gave it
                 # covers the wait, so auto-renew must stop (no run may be left to end it).
                 lease._stop_renewals()
-            else:
+            elif lease.held or lease.lost:
+                # (Not when on_replace released it before another replacement went out: a
+                # second release raises, and that error would fail the replaced run.)
                 _release_quietly(
                     lease, f"task {self.name}[{request.id}] ended", entirely=True, gone_ok=True
                 )

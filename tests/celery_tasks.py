@@ -137,6 +137,12 @@ def replace_self(self: SingletonTask, label: str, times: int) -> None:
         raise self.replace(self.s(label, times - 1))
 
 
+@shared_task(bind=True, base=SingletonTask, name="tests.replace_by_record")
+def replace_by_record(self: SingletonTask, label: str, gate: str = "") -> None:
+    """Replace the run by a run of ``record(label, gate)`` (another task, so another key)."""
+    raise self.replace(record.si(label, gate))
+
+
 @shared_task(bind=True, base=SingletonTask, name="tests.survive_signal", lock_ttl=60.0)
 def survive_signal(self: SingletonTask, label: str, gate: str) -> None:
     """Like ``record``, but a soft time limit (SIGUSR1) is caught and the run goes on to its

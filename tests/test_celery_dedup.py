@@ -556,6 +556,19 @@ def test_a_duplicate_at_the_end_of_a_chain_fails_the_task_before_it(
         assert result.state == "FAILURE"
 
 
+def test_a_run_replaced_by_another_task_gets_the_replacements_result(
+    results_worker: Worker,
+) -> None:
+    # The run releases its lease before the replacement (another task, another key) goes
+    # out; its end must not release it a second time, which raised and failed the run.
+    replacer = singleton(results_worker.app, "tests.replace_by_record")
+    result = replacer.delay("replaced-other")
+    assert result.get(timeout=30) == "replaced-other"
+    assert finished_runs("replaced-other") == 1
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+    assert "already released" not in results_worker.process.text()
+
+
 def test_a_chain_of_one_duplicate_task_is_answered_as_the_task_alone_is(
     results_worker: Worker, tmp_path: Path
 ) -> None:
