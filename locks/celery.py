@@ -119,6 +119,9 @@ def _carried(options: Mapping[str, Any], link: Any, link_error: Any) -> str:
             # run's link callbacks (more than one) and its errbacks, whose result no one
             # gets; a chain's or chord's group comes with its chain or chord.
             (options.get("group_id") and not options.get("parent_id"), "its group's result"),
+            # self.replace() sends its replacement under the replaced run's task id, the
+            # one its caller waits on (a retry of the replacement carries the mark too).
+            (options.get("replaced_task_nesting"), "the result of the task it replaces"),
             (link, "its link callbacks"),
             (link_error, "its link_error callbacks"),
         )
@@ -286,8 +289,9 @@ class SingletonTask(Task[..., Any]):
         ttl = min(ttl + _delay(options, self.app.timezone), validation.MAX_TTL)
         # The first task of a chain carries the rest of it, a chord's header task the
         # chord's body (which runs once every header task has reported), and a task its
-        # link= and link_error= callbacks; a group's task and a chain's last one have ids
-        # their group's or chain's result waits for. Not enqueued, it would drop them
+        # link= and link_error= callbacks; a group's task, a chain's last one and a
+        # replacement (self.replace) have ids their group's or chain's or the replaced
+        # run's result waits for. Not enqueued, it would drop them
         # unsent or leave that result waiting, while the caller waits for ever.
         # Another task id's queued run stands for this run, not for what it carries: raise.
         dropped = _carried(options, link, link_error)

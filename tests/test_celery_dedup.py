@@ -569,6 +569,23 @@ def test_a_run_replaced_by_another_task_gets_the_replacements_result(
     assert "already released" not in results_worker.process.text()
 
 
+def test_a_run_replaced_by_a_duplicate_fails_instead_of_leaving_its_result_waiting(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # self.replace(sig) sends sig under the run's own task id, and the run ends there: its
+    # caller waits on that id. Answered with the queued run's result, the replacement is
+    # not sent, and that id would stay PENDING for ever. The run fails instead.
+    with held_run(results_worker, tmp_path, "replaced-dup") as held:
+        replacer = singleton(results_worker.app, "tests.replace_by_record")
+        result = replacer.delay(*held.args)
+        with pytest.raises(
+            locks.DuplicateTask, match="not sent either: the result of the task it replaces"
+        ):
+            result.get(timeout=30)
+        assert result.state == "FAILURE"
+    assert results_worker.received("tests.record").count(held.first.id) == 1
+
+
 def test_a_chain_of_one_duplicate_task_is_answered_as_the_task_alone_is(
     results_worker: Worker, tmp_path: Path
 ) -> None:
