@@ -495,6 +495,21 @@ def test_a_duplicate_in_a_chord_header_raises_instead_of_dropping_the_body(
     assert not CeleryRun.objects.filter(label__in=["chord-other", "chord-body"]).exists()
 
 
+def test_a_duplicate_later_in_a_chord_header_raises_after_the_members_before_it_went_out(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # Celery sends a chord's header tasks one by one: those before the duplicate are
+    # queued by the time it raises, and they run, but the chord's body never does (it
+    # waits for the whole header). The caller is told, as in the test above.
+    with held_run(results_worker, tmp_path, "chord-late-dup") as held:
+        header = [held.record.si("chord-before"), held.record.si(*held.args)]
+        with pytest.raises(locks.DuplicateTask, match="not sent either: its chord's body"):
+            chord(header)(held.record.si("chord-late-body"))
+        wait_until(lambda: finished_runs("chord-before"), what="the member sent before it")
+    drain(results_worker, tmp_path)
+    assert not CeleryRun.objects.filter(label="chord-late-body").exists()
+
+
 def test_a_duplicate_in_a_group_raises_instead_of_leaving_the_groups_result_waiting(
     results_worker: Worker, tmp_path: Path
 ) -> None:
