@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -415,3 +416,20 @@ def test_an_alias_without_autocommit_and_the_lock_table_says_to_migrate_too(
     with lock_table_away("default"):
         code, message = fails(*args, "--database", "manual")
     assert code == 3 and "manage.py migrate locks --database manual" in message
+
+
+@pytest.mark.parametrize("where", ["option", "sys.stdin"])
+def test_break_without_yes_and_with_a_closed_stdin_file_refuses(
+    where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file object that was closed (by the caller, or sys.stdin closed by the program):
+    # asking it whether it is a terminal raises ValueError, it cannot answer a prompt.
+    lease = locks.acquire("orders:9", ttl=30, holder="worker-9")
+    with open(os.devnull) as closed:
+        pass
+    options: dict[str, Any] = {"stdin": closed} if where == "option" else {}
+    if where == "sys.stdin":
+        monkeypatch.setattr(sys, "stdin", closed)
+    code, message = fails("break", "orders:9", **options)
+    assert code == 2 and "--yes" in message and "no lock was broken" in message
+    assert Lock.objects.get().token == lease.token

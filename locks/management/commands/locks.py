@@ -11,7 +11,7 @@ import json
 import sys
 from argparse import SUPPRESS
 from datetime import datetime
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeGuard
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
@@ -100,6 +100,18 @@ def _printable(text: str) -> str:
     return "".join(
         char if char.isprintable() and char != "\\" else repr(char)[1:-1] for char in text
     )
+
+
+def _is_terminal(stdin: TextIO | None) -> TypeGuard[TextIO]:
+    """Whether ``stdin`` is a terminal someone can answer a prompt on."""
+    # None: Python's sys.stdin when file descriptor 0 is closed (a daemon, "<&-"). A
+    # closed file object cannot say (ValueError): it cannot answer either.
+    if stdin is None:
+        return False
+    try:
+        return stdin.isatty()
+    except ValueError:
+        return False
 
 
 def _when(iso: str) -> str:
@@ -252,8 +264,7 @@ class Command(BaseCommand):
             )
 
     def _confirm(self, rows: list[dict[str, Any]], stdin: TextIO | None) -> None:
-        # None: Python's sys.stdin when file descriptor 0 is closed (a daemon, "<&-").
-        if stdin is None or not stdin.isatty():
+        if not _is_terminal(stdin):
             raise CommandError(
                 "breaking locks needs a confirmation and standard input is not a terminal: "
                 "pass --yes to break without asking; no lock was broken",
