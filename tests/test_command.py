@@ -433,3 +433,44 @@ def test_break_without_yes_and_with_a_closed_stdin_file_refuses(
     code, message = fails("break", "orders:9", **options)
     assert code == 2 and "--yes" in message and "no lock was broken" in message
     assert Lock.objects.get().token == lease.token
+
+
+#: One character of each kind that acts on a terminal or reorders what it shows: C0 (an
+#: escape sequence, a carriage return), DEL, C1 (CSI, which some terminals take as ESC [),
+#: the bidi embeddings, overrides and isolates, a line separator, and private use.
+SPOOFING = (
+    "\x1b[2J\r\x7f\x9b2J\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\U000f0000"
+)
+
+
+def raw_controls(text: str) -> set[str]:
+    """The characters of ``text`` that would reach a terminal as they are (but line ends)."""
+    return {char for char in text if not char.isprintable() and char != "\n"}
+
+
+def test_list_json_escapes_control_and_bidi_characters_and_round_trips() -> None:
+    name, holder, note = f"zamówienie{SPOOFING}fdp.exe", f"worker{SPOOFING}", f"by{SPOOFING}"
+    locks.acquire(name, ttl=30, holder=holder, note=note)
+    out, _ = run("list", "--json")
+    assert raw_controls(out) == set()
+    assert "\\u009b" in out and "\\u202e" in out and "\\udb80\\udc00" in out
+    assert "zamówienie" in out, "printable text stays as it is, not \\u escapes"
+    [row] = json.loads(out)
+    assert (row["name"], row["holder"], row["note"]) == (name, holder, note)
+
+
+def test_table_prompt_and_messages_show_control_and_bidi_characters_escaped() -> None:
+    name, holder = f"invoice{SPOOFING}fdp.exe", f"worker{SPOOFING}"
+    locks.acquire(name, ttl=30, holder=holder)
+    listed, _ = run("list")
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(CommandError) as caught:  # the unknown name: exit code 1
+        call_command(
+            "locks", "break", name, f"nope{SPOOFING}", stdin=Terminal("y\n"), stdout=out, stderr=err
+        )
+    shown = out.getvalue()
+    assert "Break 1 lock(s)?" in shown and "Broke lock" in shown
+    for text in (listed, shown, err.getvalue(), str(caught.value)):
+        assert raw_controls(text) == set()
+        assert "\\x1b[2J\\r\\x7f\\x9b2J\\u202a" in text and "\\u2069\\u2028\\U000f0000" in text
+    assert not Lock.objects.exists()

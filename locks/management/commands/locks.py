@@ -102,6 +102,21 @@ def _printable(text: str) -> str:
     )
 
 
+def _json(rows: list[dict[str, Any]]) -> str:
+    """``rows`` as JSON that round-trips exactly, with no raw unprintable character in it.
+
+    Readable text stays as it is (not ``ensure_ascii``), but what :func:`_printable`
+    escapes is a ``\\uXXXX`` escape here: ``json.dumps`` itself escapes only C0, which
+    would let C1 controls (U+009B, CSI to some terminals) and bidi overrides through to
+    the operator's terminal. Such characters occur only inside strings, where the escape
+    means the same; the layout's line breaks stay.
+    """
+    text = json.dumps(rows, indent=2, ensure_ascii=False)
+    return "".join(
+        char if char.isprintable() or char == "\n" else json.dumps(char)[1:-1] for char in text
+    )
+
+
 def _is_terminal(stdin: TextIO | None) -> TypeGuard[TextIO]:
     """Whether ``stdin`` is a terminal someone can answer a prompt on."""
     # None: Python's sys.stdin when file descriptor 0 is closed (a daemon, "<&-"). A
@@ -225,7 +240,7 @@ class Command(BaseCommand):
         state = "all" if options["all"] else "expired" if options["expired"] else "held"
         rows = _rows(alias, state=state)
         if options["json"]:
-            self.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False))
+            self.stdout.write(_json(rows))
         elif rows:
             self.stdout.write(_table(rows))
         else:
