@@ -341,7 +341,11 @@ class Lease:
         # acquire was sent: never later than the database's own expiry.
         self._local_deadline = local_deadline
         self._state = HELD
+        # _mutex is held through a renewal's or release's statements; _state_lock only for
+        # a look at the state and its change, so that the watchdog can give a lease up
+        # without waiting for a slow release, and without undoing one that just ended.
         self._mutex = threading.Lock()
+        self._state_lock = threading.Lock()
         # A forked child inherits this object, but the holding is the parent's.
         self._pid = os.getpid()
         # Set once a release was tried, or by _stop_renewals: the auto-renew watchdog stops
@@ -391,8 +395,9 @@ class Lease:
         self._unwatched = True
 
     def _mark_lost(self) -> None:
-        if self._state == HELD:
-            self._state = LOST
+        with self._state_lock:
+            if self._state == HELD:
+                self._state = LOST
 
     def _refuse_if_over(self) -> None:
         if self._state == RELEASED:
@@ -479,7 +484,8 @@ class Lease:
                 self.name,
                 lambda backend, cursor: self._release_statements(backend, cursor, entirely),
             )
-            self._state = RELEASED
+            with self._state_lock:
+                self._state = RELEASED
         if outcome is Released.EXPIRED:
             raise self._lost_error("it expired before it was released")
         if outcome is Released.MISSING:

@@ -221,3 +221,47 @@ def test_a_lease_lost_to_failing_renewals_raises_lock_lost_when_its_release_fail
             with other.cursor() as cursor:
                 cursor.execute("ALTER TABLE locks_lock_away RENAME TO locks_lock")
     assert isinstance(caught.value.__cause__, DatabaseError)
+
+
+class _PausedMarking(locks.Lease):
+    """A lease whose state, read by one thread, is read there once the caller lets it go
+    on: a release can then end between the watchdog's look at the state and its write."""
+
+    marker: threading.Thread | None = None
+    looked = threading.Event()
+    go_on = threading.Event()
+
+    @property
+    def _state(self) -> str:
+        state: str = self.__dict__["_state"]
+        if threading.current_thread() is type(self).marker:
+            type(self).marker = None
+            type(self).looked.set()
+            type(self).go_on.wait(10)
+        return state
+
+    @_state.setter
+    def _state(self, value: str) -> None:
+        self.__dict__["_state"] = value
+
+
+def test_a_release_that_ends_while_the_watchdog_gives_the_lease_up_leaves_it_released() -> None:
+    lease = locks.acquire("orders:1", ttl=30)
+    lease.__class__ = _PausedMarking
+    # The watchdog gives the lease up (its renewals kept failing) and has just seen it held.
+    marking = threading.Thread(target=lease._mark_lost)
+    _PausedMarking.marker = marking
+    _PausedMarking.looked.clear()
+    _PausedMarking.go_on.clear()
+    marking.start()
+    assert _PausedMarking.looked.wait(10)
+    releasing = threading.Thread(target=lease.release)
+    releasing.start()
+    releasing.join(0.5)  # a release that may end now, does
+    _PausedMarking.go_on.set()
+    marking.join(10)
+    releasing.join(10)
+    assert not locks.is_locked("orders:1")
+    assert (lease.held, lease.lost) == (False, False)
+    with pytest.raises(locks.LockError, match="already released"):
+        lease.release()
