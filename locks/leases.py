@@ -61,8 +61,15 @@ def _backoff(attempt: int) -> float:
     return cap / 2 + random.uniform(0, cap / 2)
 
 
-def _execute(alias: str, what: str, name: str, operation: Callable[[Backend, Cursor], T]) -> T:
-    """Run one backend operation on this thread's own connection, retrying transient errors."""
+def _execute(
+    alias: str,
+    what: str,
+    name: str,
+    operation: Callable[[Backend, Cursor], T],
+    deadline: float | None = None,
+) -> T:
+    """Run one backend operation on this thread's own connection, retrying transient errors
+    (not past ``deadline``, a ``time.monotonic()`` value, if one is given)."""
     wrapper = connection.get(alias)
     backend = for_connection(wrapper)
     if what != "inspect":
@@ -74,7 +81,11 @@ def _execute(alias: str, what: str, name: str, operation: Callable[[Backend, Cur
         try:
             return operation(backend, connection.cursor(wrapper))
         except DatabaseError as exc:
-            if backend.is_transient(exc) and attempt < retries:
+            if (
+                backend.is_transient(exc)
+                and attempt < retries
+                and (deadline is None or time.monotonic() < deadline)
+            ):
                 logger.debug("%s %r: transient error, retrying: %s", what, name, exc)
                 time.sleep(_backoff(attempt))
                 continue
@@ -433,19 +444,28 @@ class Lease:
                 process(chunk)
                 lease.renew()
         """
-        seconds = self.ttl if ttl is None else validation.ttl_seconds(ttl)
+        self._renew(self.ttl if ttl is None else validation.ttl_seconds(ttl))
+
+    def _renew(self, seconds: float, *, bounded: bool = False) -> None:
+        """:meth:`renew` for ``seconds`` already checked.
+
+        ``bounded`` (the auto-renew watchdog's renewals): the renewal waits for the lock row
+        (a transaction holding it, a busy SQLite file) no longer than the lease is surely
+        ours, and then fails, so that the lease is given up in time (a renewal waiting on
+        would leave it held long after it may have run out).
+        """
         self._refuse_in_a_child()
         with self._mutex:
             self._refuse_if_over()
             started = time.monotonic()
-            expires_at = _execute(
-                self.using,
-                "renew",
-                self.name,
-                lambda backend, cursor: backend.renew(
-                    cursor, self.name, self.holder, self.token, seconds
-                ),
-            )
+            deadline = self._local_deadline if bounded else None
+
+            def extend(backend: Backend, cursor: Cursor) -> datetime | None:
+                # Each try of a transient error gets what is left of the same deadline.
+                wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                return backend.renew(cursor, self.name, self.holder, self.token, seconds, wait)
+
+            expires_at = _execute(self.using, "renew", self.name, extend, deadline)
             if expires_at is None:
                 self._state = LOST
                 raise self._lost_error("it expired, was taken over, broken or reaped")

@@ -95,7 +95,7 @@ class Watchdog:
 
     def _renew(self, lease: Lease) -> None:
         try:
-            lease.renew()
+            lease._renew(lease.ttl, bounded=True)
         except LockLost as exc:
             lease._mark_lost()
             logger.warning("auto-renew: lease %r lost: %s", lease.name, exc)

@@ -150,6 +150,21 @@ def test_a_renewal_stuck_on_one_database_does_not_starve_the_leases_on_another()
     stuck.release()
 
 
+def test_a_renewal_that_waits_for_the_lock_row_gives_the_lease_up_at_its_deadline() -> None:
+    # A transaction holds the lock row longer than the lease can last: the renewal due at
+    # 1/3 s waits for it. The lease is surely ours only until about 1 s; the holder must
+    # learn it is lost then, not once that transaction ends.
+    lease = locks.acquire("orders:1", ttl=1, auto_renew=True)
+    blocker = hold_write_lock("orders:1", 4.0)
+    try:
+        assert wait_for(lambda: lease.lost, 2.0)
+        assert not lease.held
+    finally:
+        blocker.join(10)
+    with pytest.raises(locks.LockLost, match="orders:1"):
+        lease.renew()
+
+
 def test_a_lease_watched_while_an_idle_watchdog_ends_is_still_renewed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -103,9 +103,20 @@ class Backend:
         raise NotImplementedError
 
     def renew(
-        self, cursor: Cursor, name: str, holder: str, token: int, ttl: float
+        self,
+        cursor: Cursor,
+        name: str,
+        holder: str,
+        token: int,
+        ttl: float,
+        wait: float | None = None,
     ) -> datetime | None:
-        """Extend a live holding to at least now + ttl; ``None`` if it is not ours or expired."""
+        """Extend a live holding to at least now + ttl; ``None`` if it is not ours or expired.
+
+        ``wait`` bounds, in seconds, how long the statement waits for the row (another
+        transaction holding it) or the database; past it the database's error is raised.
+        ``None`` keeps the server's own limit.
+        """
         raise NotImplementedError
 
     def grant(self, row: Sequence[Any] | None) -> Grant | None:

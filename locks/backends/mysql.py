@@ -122,6 +122,19 @@ def _micros(seconds: float) -> int:
     return round(seconds * 1_000_000)
 
 
+def _time_limit(seconds: float) -> str:
+    """A ``SET STATEMENT`` prefix that ends the statement after ``seconds`` (at least 1 ms).
+
+    The lock wait limit is raised past it, so that ``max_statement_time`` decides (a lock
+    wait timeout would be retried as transient).
+    """
+    left = max(seconds, 0.001)
+    return (
+        f"SET STATEMENT max_statement_time = {left:.6f}, "
+        f"innodb_lock_wait_timeout = {math.ceil(left) + 1} FOR "
+    )
+
+
 def _error_code(exc: BaseException) -> object:
     """The server's error number of a driver error (its first argument), or None."""
     args: tuple[Any, ...] = exc.args
@@ -214,10 +227,17 @@ class MySQLBackend(Backend):
         return None if row is None or row[0] != holder else self.grant(row[1:])
 
     def renew(
-        self, cursor: Cursor, name: str, holder: str, token: int, ttl: float
+        self,
+        cursor: Cursor,
+        name: str,
+        holder: str,
+        token: int,
+        ttl: float,
+        wait: float | None = None,
     ) -> datetime | None:
         # Our sessions count matched rows (CLIENT.FOUND_ROWS, see own_settings): 1 = still ours.
-        cursor.execute(RENEW, [_micros(ttl), name, holder, token])
+        bound = "" if wait is None else _time_limit(wait)
+        cursor.execute(bound + RENEW, [_micros(ttl), name, holder, token])
         if not cursor.rowcount:
             return None
         cursor.execute(READ_EXPIRY, [name, holder, token])
@@ -303,13 +323,8 @@ class MySQLBackend(Backend):
         def bound(
             execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
         ) -> Any:
-            # Every statement in the scope gets what is left of one deadline. The lock
-            # wait limit is raised past it, so that max_statement_time decides.
-            left = max(deadline - time.monotonic(), 0.001)
-            prefix = (
-                f"SET STATEMENT max_statement_time = {left:.6f}, "
-                f"innodb_lock_wait_timeout = {math.ceil(left) + 1} FOR "
-            )
+            # Every statement in the scope gets what is left of one deadline.
+            prefix = _time_limit(deadline - time.monotonic())
             return execute(prefix + sql, params, many, context)
 
         with connection.execute_wrapper(bound):

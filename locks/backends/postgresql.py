@@ -132,6 +132,15 @@ UPDATE locks_lock SET expires_at = GREATEST(expires_at, statement_timestamp() + 
 WHERE name = %s AND holder = %s AND token = %s AND expires_at > statement_timestamp()
 RETURNING expires_at
 """
+# As ENTER_QUEUE: the MATERIALIZED CTE sets lock_timeout (this statement's only) before the
+# joined row reaches the UPDATE, which is where it waits for another transaction's lock.
+RENEW_BOUNDED = """
+WITH bound AS MATERIALIZED (SELECT set_config('lock_timeout', %s, true))
+UPDATE locks_lock SET expires_at = GREATEST(expires_at, statement_timestamp() + %s)
+FROM bound
+WHERE name = %s AND holder = %s AND token = %s AND expires_at > statement_timestamp()
+RETURNING expires_at
+"""
 
 # Release notifications: NOTIFY serialises the commits of notifying transactions, so only
 # a release that a blocked acquire asked for (``waiting``) sends one.
@@ -254,10 +263,19 @@ class PostgreSQLBackend(Backend):
         cursor.execute(LEAVE_QUEUE, [name])
 
     def renew(
-        self, cursor: Cursor, name: str, holder: str, token: int, ttl: float
+        self,
+        cursor: Cursor,
+        name: str,
+        holder: str,
+        token: int,
+        ttl: float,
+        wait: float | None = None,
     ) -> datetime | None:
         params: list[Any] = [timedelta(seconds=ttl), name, holder, token]
-        cursor.execute(RENEW, params)
+        if wait is None:
+            cursor.execute(RENEW, params)
+        else:
+            cursor.execute(RENEW_BOUNDED, [f"{wait_ms(wait)}ms", *params])
         row = cursor.fetchone()
         return None if row is None else self.to_datetime(row[0])
 

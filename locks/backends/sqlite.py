@@ -133,7 +133,13 @@ class SQLiteBackend(Backend):
         return self.grant(cursor.fetchone())
 
     def renew(
-        self, cursor: Cursor, name: str, holder: str, token: int, ttl: float
+        self,
+        cursor: Cursor,
+        name: str,
+        holder: str,
+        token: int,
+        ttl: float,
+        wait: float | None = None,
     ) -> datetime | None:
         params: dict[str, Any] = {
             "name": name,
@@ -141,8 +147,19 @@ class SQLiteBackend(Backend):
             "token": token,
             "ttl": _modifier(ttl),
         }
-        cursor.execute(RENEW, params)
-        row = cursor.fetchone()
+        if wait is None:
+            cursor.execute(RENEW, params)
+            row = cursor.fetchone()
+        else:
+            cursor.execute("PRAGMA busy_timeout")
+            old = int(cursor.fetchone()[0])
+            cursor.execute(f"PRAGMA busy_timeout = {wait_ms(wait)}")
+            try:
+                cursor.execute(RENEW, params)
+                row = cursor.fetchone()
+            finally:
+                # A connection setting: put it back for the statements that follow.
+                cursor.execute(f"PRAGMA busy_timeout = {old}")
         return None if row is None else self.to_datetime(row[0])
 
     def is_transient(self, exc: BaseException) -> bool:
