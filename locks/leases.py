@@ -446,26 +446,31 @@ class Lease:
         """
         self._renew(self.ttl if ttl is None else validation.ttl_seconds(ttl))
 
-    def _renew(self, seconds: float, *, bounded: bool = False) -> None:
+    def _renew(self, seconds: float, *, by_watchdog: bool = False) -> None:
         """:meth:`renew` for ``seconds`` already checked.
 
-        ``bounded`` (the auto-renew watchdog's renewals): the renewal waits for the lock row
-        (a transaction holding it, a busy SQLite file) no longer than the lease is surely
-        ours, and then fails, so that the lease is given up in time (a renewal waiting on
-        would leave it held long after it may have run out).
+        ``by_watchdog`` (the auto-renew watchdog's renewals): nothing is done once a release
+        was tried or renewals were stopped, and the renewal waits for the lock row (a
+        transaction holding it, a busy SQLite file) no longer than the lease is surely ours,
+        and then fails, so that the lease is given up in time (a renewal waiting on would
+        leave it held long after it may have run out).
         """
         self._refuse_in_a_child()
         with self._mutex:
             self._refuse_if_over()
+            if by_watchdog and self._unwatched:
+                # Looked at again here: a release that failed (the holder wants the lease
+                # over) may have ended between the watchdog's look and this renewal.
+                return
             started = time.monotonic()
-            deadline = self._local_deadline if bounded else None
+            give_up = self._local_deadline if by_watchdog else None
 
             def extend(backend: Backend, cursor: Cursor) -> datetime | None:
                 # Each try of a transient error gets what is left of the same deadline.
-                wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                wait = None if give_up is None else max(give_up - time.monotonic(), 0.0)
                 return backend.renew(cursor, self.name, self.holder, self.token, seconds, wait)
 
-            expires_at = _execute(self.using, "renew", self.name, extend, deadline)
+            expires_at = _execute(self.using, "renew", self.name, extend, give_up)
             if expires_at is None:
                 self._state = LOST
                 raise self._lost_error("it expired, was taken over, broken or reaped")

@@ -95,7 +95,7 @@ class Watchdog:
 
     def _renew(self, lease: Lease) -> None:
         try:
-            lease._renew(lease.ttl, bounded=True)
+            lease._renew(lease.ttl, by_watchdog=True)
         except LockLost as exc:
             lease._mark_lost()
             logger.warning("auto-renew: lease %r lost: %s", lease.name, exc)
@@ -116,7 +116,7 @@ class Watchdog:
             logger.warning("auto-renew of %r failed, retrying: %s", lease.name, exc)
             self.watch(lease, min(1.0, remaining / 4))
             return
-        if lease.held:
+        if lease.held and not lease._unwatched:
             try:
                 delay = lease._renew_interval()
             except (TypeError, ValueError) as exc:

@@ -280,3 +280,23 @@ def test_a_release_that_ends_while_the_watchdog_gives_the_lease_up_leaves_it_rel
     assert (lease.held, lease.lost) == (False, False)
     with pytest.raises(locks.LockError, match="already released"):
         lease.release()
+
+
+def test_a_renewal_due_as_its_lease_fails_to_release_does_not_extend_the_lease() -> None:
+    # The watchdog has found the lease held and still watched; before its renewal runs,
+    # the holder's release fails (the database is as good as down). The holder wanted the
+    # lease over: it must run out at the end of its TTL, not one renewal later.
+    other = connections["other"]
+    lease = locks.acquire("orders:1", ttl=30, using="other")
+    before = Lock.objects.using("other").get(name="orders:1").expires_at
+    assert lease.held and not lease._unwatched  # what the watchdog looks at first
+    with other.cursor() as cursor:
+        cursor.execute("ALTER TABLE locks_lock RENAME TO locks_lock_away")
+    try:
+        with pytest.raises(DatabaseError):
+            lease.release()
+    finally:
+        with other.cursor() as cursor:
+            cursor.execute("ALTER TABLE locks_lock_away RENAME TO locks_lock")
+    watchdog.Watchdog()._renew(lease)  # then the renewal it had decided on
+    assert Lock.objects.using("other").get(name="orders:1").expires_at == before
