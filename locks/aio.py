@@ -360,7 +360,8 @@ def alock(
         async with locks.alock("orders:42", ttl=30, timeout=5) as lease:
             await ship(order, fence=lease.token)
     """
-    request = _build(name, ttl, holder, using, note, auto_renew)
+    # No setting read here, as lock(): the entering task's holder and settings are taken.
+    request = _Request.build(name, ttl, holder, using, note, auto_renew, settings=False)
     return AsyncLockContext(request, validation.timeout_seconds(timeout), unset(ttl, holder, using))
 
 

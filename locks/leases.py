@@ -133,16 +133,41 @@ class _Request:
 
     @classmethod
     def build(
-        cls, name: Any, ttl: Any, holder: Any, using: Any, note: Any, auto_renew: Any
+        cls,
+        name: Any,
+        ttl: Any,
+        holder: Any,
+        using: Any,
+        note: Any,
+        auto_renew: Any,
+        *,
+        settings: bool = True,
     ) -> _Request:
+        """Check the arguments and make the request; ``None`` takes the default.
+
+        With ``settings=False`` no setting is read (a lock() or alock() may be built at
+        import time, before ``manage.py check`` could report a bad one): ``ttl`` and
+        ``using`` left out stay unset until :meth:`with_defaults` takes them, on entry.
+
+        Example::
+
+            _Request.build("orders:42", 30, None, None, "", False).attempt()
+        """
         name = validation.check_name(name)
-        # The setting is checked where it is read (naming it in the error), once.
-        ttl = conf.DEFAULT_TTL if ttl is None else validation.ttl_seconds(ttl)
+        if ttl is not None:
+            ttl = validation.ttl_seconds(ttl)
+        elif settings:
+            # The setting is checked where it is read (naming it in the error), once.
+            ttl = conf.DEFAULT_TTL
         holder = default_holder() if holder is None else validation.check_holder(holder)
-        if validation.check_auto_renew(auto_renew):
+        if validation.check_auto_renew(auto_renew) and settings:
             # Checked now, before any query: failing once the lease is taken would strand it.
             _ = conf.RENEW_FRACTION
-        return cls(name, ttl, holder, _alias(using), validation.check_note(note), auto_renew)
+        if using is not None or settings:
+            using = _alias(using)
+        note = validation.check_note(note)
+        # Unset (NaN, ""), never used: with_defaults() replaces them before any attempt.
+        return cls(name, math.nan if ttl is None else ttl, holder, using or "", note, auto_renew)
 
     def with_defaults(self, unset: frozenset[str], holder: Callable[[], str]) -> _Request:
         """This request with what its caller left out taken anew: ``holder()`` for the
@@ -816,7 +841,7 @@ def lock(
         @locks.lock("reports:nightly", ttl=60, auto_renew=True)
         def nightly_report(): ...
     """
-    request = _Request.build(name, ttl, holder, using, note, auto_renew)
+    request = _Request.build(name, ttl, holder, using, note, auto_renew, settings=False)
     return LockContext(request, validation.timeout_seconds(timeout), unset(ttl, holder, using))
 
 

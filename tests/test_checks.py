@@ -155,7 +155,8 @@ def test_e005_reports_every_bad_value_at_once() -> None:
         ({"DATABASE": "nowhere"}, lambda: locks.is_locked("e005"), ValueError, "DATABASE"),
         ({"DATABASE": "nowhere"}, lambda: locks.reap_expired(), ValueError, "DATABASE"),
         ({"DATABASE": 5}, lambda: locks.acquire("e005"), TypeError, "DATABASE"),
-        ({"DATABASE": "nowhere"}, lambda: locks.lock("e005"), ValueError, "DATABASE"),
+        # When entered: built, lock() reads no setting (see the decorator tests below).
+        ({"DATABASE": "nowhere"}, lambda: locks.lock("e005").__enter__(), ValueError, "DATABASE"),
         # Read before the first query, not only when a retry or a wait needs them.
         ({"BACKOFF_MIN": 0}, lambda: locks.try_acquire("e005"), ValueError, "BACKOFF_MIN"),
         (
@@ -359,3 +360,57 @@ def test_a_bad_setting_is_reported_by_check_not_raised_where_lock_view_decorates
             view(RequestFactory().get("/report"))
     assert not Lock.objects.exists()
     assert view(RequestFactory().get("/report")).content == b"done"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("settings", "check_id", "key"),
+    [
+        ({"DATABASE": "nowhere"}, "locks.E002", "DATABASE"),
+        ({"DEFAULT_TTL": 0}, "locks.E005", "DEFAULT_TTL"),
+        ({"RENEW_FRACTION": 1}, "locks.E005", "RENEW_FRACTION"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["lock", "alock"])
+def test_a_bad_setting_is_reported_by_check_not_raised_where_lock_decorates(
+    settings: dict[str, Any], check_id: str, key: str, kind: str
+) -> None:
+    # @locks.lock() on a function runs when its module is imported (models, a view the
+    # URLconf imports, a Celery task), before manage.py check could report anything.
+    import asyncio
+
+    def report() -> str:
+        return "done"
+
+    async def areport() -> str:
+        return "done"
+
+    def call(decorated: Any) -> str:
+        return str(asyncio.run(decorated()) if kind == "alock" else decorated())
+
+    with override_settings(LOCKS=settings):
+        if kind == "alock":
+            decorated: Any = locks.alock("report", auto_renew=True)(areport)
+        else:
+            decorated = locks.lock("report", auto_renew=True)(report)
+        with pytest.raises(SystemCheckError, match=check_id):
+            call_command("check")
+        with pytest.raises((TypeError, ValueError), match=rf"LOCKS\['{key}'\]"):
+            call(decorated)
+    assert not Lock.objects.exists()
+    assert call(decorated) == "done"
+
+
+@pytest.mark.parametrize("kind", ["lock", "alock"])
+@pytest.mark.parametrize(
+    "arguments",
+    [{"ttl": 0}, {"using": "nowhere"}, {"timeout": -1}, {"holder": ""}, {"auto_renew": 1}],
+)
+@override_settings(LOCKS={"DEFAULT_TTL": 0, "DATABASE": "nowhere"})
+def test_a_bad_argument_to_lock_still_raises_where_it_decorates(
+    kind: str, arguments: dict[str, Any]
+) -> None:
+    # Only the settings wait for the call: a bad argument is the decorator's own error.
+    with pytest.raises((TypeError, ValueError)) as raised:
+        getattr(locks, kind)("report", **arguments)
+    assert "LOCKS[" not in str(raised.value)
