@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.db import NotSupportedError, connection, connections, transaction
 from django.db.transaction import TransactionManagementError
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 import locks
@@ -83,6 +84,39 @@ def test_row_lock_refuses_bad_arguments_before_any_query(
     assert len(queries) == 0
     assert not in_transaction()
     assert not RowLock.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_row_lock_built_before_the_settings_changed_reads_them_when_entered() -> None:
+    # As a function decorated at import time: its database is LOCKS['DATABASE'] of the call.
+    def where(name: str) -> list[str]:
+        aliases = ("default", "other")
+        return [alias for alias in aliases if RowLock.objects.using(alias).filter(name=name)]
+
+    @locks.row_lock("rows:settings")
+    def work() -> list[str]:
+        return where("rows:settings")
+
+    explicit = locks.row_lock("rows:explicit", using="default")
+    with override_settings(LOCKS={"DATABASE": "other"}):
+        assert work() == ["other"]
+        with explicit:
+            assert where("rows:explicit") == ["default"]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_bad_database_setting_fails_where_a_row_lock_is_entered_not_decorated() -> None:
+    # A bad setting is for manage.py check to report (locks.E002); raised here, it would
+    # break importing the module of a decorated function, and check with it.
+    def report() -> str:
+        return "done"
+
+    with override_settings(LOCKS={"DATABASE": "nowhere"}):
+        work = locks.row_lock("rows:bad-setting")(report)
+        with pytest.raises(ValueError, match=r"LOCKS\['DATABASE'\]"):
+            work()
+    assert work() == "done"
+    assert RowLock.objects.filter(name="rows:bad-setting").exists()
 
 
 def test_row_lock_error_messages_name_the_lock() -> None:
