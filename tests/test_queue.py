@@ -32,11 +32,13 @@ def queues(backend: str) -> None:
 
 
 def queue_locks() -> tuple[int, int]:
-    """(granted, waiting) session advisory locks of the queue namespace, in every session."""
+    """(granted, waiting) session advisory locks of the queue namespace, in every session
+    on this test database (not those of another test run on the same server)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) "
-            "FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2",
+            "FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2 "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [QUEUE_NAMESPACE],
         )
         granted, waiting = cursor.fetchone()
