@@ -201,13 +201,15 @@ class LockAdmin(ModelAdmin):
             error = exc
         else:
             changed.extend(shown)  # released since the page was shown
+        # Names quoted and escaped as repr() does, as in the log: a name's bidi control
+        # (U+202E) would reorder the rest of the message, its comma fake two names.
         if broken:
-            self.message_user(request, f"Broke {len(broken)} lock(s): {', '.join(broken)}.")
+            self.message_user(request, f"Broke {len(broken)} lock(s): {_quoted(broken)}.")
         if changed:
             self.message_user(
                 request,
                 f"Left {len(changed)} lock(s) alone: released or taken again since the page "
-                f"was shown: {', '.join(changed)}.",
+                f"was shown: {_quoted(changed)}.",
                 messages.WARNING,
             )
         if error is not None:
@@ -237,6 +239,10 @@ class LockAdmin(ModelAdmin):
             self.message_user(request, f"Could not reap expired locks: {exc}", messages.ERROR)
             return
         self.message_user(request, f"Reaped {deleted} expired lock(s).")
+
+
+def _quoted(names: list[str]) -> str:
+    return ", ".join(repr(name) for name in names)
 
 
 def _listed(value: str) -> list[str] | None:

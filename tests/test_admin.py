@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import time
@@ -36,6 +37,12 @@ def superuser() -> Client:
     client = Client()
     client.login(username="root", password="pw")
     return client
+
+
+def shown(response: Any) -> str:
+    """The page's text as the browser shows it (Django escapes quotes, for one)."""
+    page: bytes = response.content
+    return html.unescape(page.decode())
 
 
 def cells(html: str, column: str) -> list[str]:
@@ -133,7 +140,7 @@ def test_break_asks_for_confirmation_then_breaks_and_logs_holder_and_token() -> 
 
     confirm = {"post": "yes", "holding": f"{lease.token} jobs:stuck"}
     done = breaker.post(CHANGELIST, action("break_locks", "jobs:stuck", **confirm), follow=True)
-    assert b"Broke 1 lock(s): jobs:stuck" in done.content
+    assert "Broke 1 lock(s): 'jobs:stuck'." in shown(done)
     assert not Lock.objects.filter(name="jobs:stuck").exists()
     entry = LogEntry.objects.get()
     assert (entry.action_flag, entry.object_id) == (DELETION, "jobs:stuck")
@@ -192,7 +199,7 @@ def test_break_and_reap_work_under_atomic_requests() -> None:
     breaker = staff("breaker", "view_lock", "break_lock")
     confirm = {"post": "yes", "holding": f"{lease.token} jobs:stuck"}
     done = breaker.post(CHANGELIST, action("break_locks", "jobs:stuck", **confirm), follow=True)
-    assert b"Broke 1 lock(s): jobs:stuck" in done.content
+    assert "Broke 1 lock(s): 'jobs:stuck'." in shown(done)
     assert not Lock.objects.filter(name="jobs:stuck").exists()
     assert LogEntry.objects.get().object_id == "jobs:stuck"
 
@@ -256,7 +263,7 @@ def test_a_lock_error_in_an_action_is_reported_not_a_500(monkeypatch: pytest.Mon
     )
     assert done.status_code == 200
     html = done.content.decode()
-    assert "Broke 1 lock(s): jobs:b" in html  # newest first
+    assert "Broke 1 lock(s): 'jobs:b'." in shown(done)  # newest first
     assert "Breaking locks stopped, the rest left as they are: one writer per file" in html
     assert "Left" not in html, "the lock not tried is not reported as changed"
     assert list(Lock.objects.values_list("name", flat=True)) == ["jobs:a"]
@@ -338,9 +345,9 @@ def test_a_lock_released_before_the_confirmation_is_reported_as_left_alone() -> 
     lease.release()
     done = breaker.post(CHANGELIST, action("break_locks", "jobs:gone", **confirm), follow=True)
     assert done.status_code == 200
-    assert "Left 1 lock(s) alone: released or taken again since the page was shown: jobs:gone" in (
-        done.content.decode()
-    )
+    assert (
+        "Left 1 lock(s) alone: released or taken again since the page was shown: 'jobs:gone'."
+    ) in shown(done)
     assert b"Broke" not in done.content
     assert list(Lock.objects.values_list("name", flat=True)) == ["jobs:other"]
     other.release()
@@ -394,3 +401,25 @@ def test_a_forged_or_garbled_confirmation_breaks_nothing_and_says_so(
     assert b"nothing was broken" in done.content
     assert lease.held and locks.check_token("jobs:kept", lease.token)
     lease.release()
+
+
+def test_break_messages_quote_names_and_escape_bidi_and_control_characters() -> None:
+    # U+202E would show the rest of the message reversed; a comma would fake two names.
+    tricky = "jobs:\u202egpj.exe, jobs:x\nFAKE"
+    first = locks.acquire(tricky, ttl=30, holder="worker")
+    gone = locks.acquire("jobs:\u2066gone", ttl=30, holder="worker")
+    breaker = staff("breaker", "view_lock", "break_lock")
+    holdings = [f"{first.token} {tricky}", f"{gone.token} jobs:\u2066gone"]
+    gone.release()
+    done = breaker.post(
+        CHANGELIST,
+        action("break_locks", tricky, "jobs:\u2066gone", post="yes", holding=holdings),
+        follow=True,
+    )
+    text = shown(done)
+    assert "Broke 1 lock(s): 'jobs:\\u202egpj.exe, jobs:x\\nFAKE'." in text
+    assert "since the page was shown: 'jobs:\\u2066gone'." in text
+    messages = text[text.index('class="messagelist"') :]
+    messages = messages[: messages.index("</ul>")]
+    assert "\u202e" not in messages and "\u2066" not in messages and "\n" + "FAKE" not in messages
+    assert not Lock.objects.exists()

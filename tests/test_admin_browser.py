@@ -101,7 +101,7 @@ def test_superuser_sees_a_lock_of_another_process_and_breaks_it(
         assert Lock.objects.filter(name="orders:42").exists(), "not broken before confirming"
 
         page.click("input[type=submit][value='Yes, break them']")
-        expect(page.locator(".messagelist")).to_contain_text("Broke 1 lock(s): orders:42")
+        expect(page.locator(".messagelist")).to_contain_text("Broke 1 lock(s): 'orders:42'.")
         expect(page.locator("#result_list tbody tr", has_text="billing-worker-7")).to_have_count(0)
         shot(page, "03-lock-broken.png")
     finally:
