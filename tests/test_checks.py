@@ -330,15 +330,16 @@ def test_manage_py_check_runs_the_checks() -> None:
         call_command("check")
 
 
+# A bad setting, the check that reports it, and the setting an error names.
+BAD_SETTINGS = [
+    ({"DATABASE": "nowhere"}, "locks.E002", "DATABASE"),
+    ({"DEFAULT_TTL": 0}, "locks.E005", "DEFAULT_TTL"),
+    ({"RENEW_FRACTION": 1}, "locks.E005", "RENEW_FRACTION"),
+]
+
+
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(
-    ("settings", "check_id", "key"),
-    [
-        ({"DATABASE": "nowhere"}, "locks.E002", "DATABASE"),
-        ({"DEFAULT_TTL": 0}, "locks.E005", "DEFAULT_TTL"),
-        ({"RENEW_FRACTION": 1}, "locks.E005", "RENEW_FRACTION"),
-    ],
-)
+@pytest.mark.parametrize(("settings", "check_id", "key"), BAD_SETTINGS)
 def test_a_bad_setting_is_reported_by_check_not_raised_where_lock_view_decorates(
     settings: dict[str, Any], check_id: str, key: str
 ) -> None:
@@ -363,14 +364,7 @@ def test_a_bad_setting_is_reported_by_check_not_raised_where_lock_view_decorates
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(
-    ("settings", "check_id", "key"),
-    [
-        ({"DATABASE": "nowhere"}, "locks.E002", "DATABASE"),
-        ({"DEFAULT_TTL": 0}, "locks.E005", "DEFAULT_TTL"),
-        ({"RENEW_FRACTION": 1}, "locks.E005", "RENEW_FRACTION"),
-    ],
-)
+@pytest.mark.parametrize(("settings", "check_id", "key"), BAD_SETTINGS)
 @pytest.mark.parametrize("kind", ["lock", "alock"])
 def test_a_bad_setting_is_reported_by_check_not_raised_where_lock_decorates(
     settings: dict[str, Any], check_id: str, key: str, kind: str
