@@ -6,6 +6,7 @@ import io
 import itertools
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -303,6 +304,64 @@ def test_exit_codes_of_the_real_command() -> None:
     broken = manage("break", "orders:cli", "--yes")
     assert broken.returncode == 0 and "Broke lock 'orders:cli'" in broken.stdout
     assert not Lock.objects.exists()
+
+
+def manage_on_a_terminal(*args: str, keys: bytes) -> tuple[int, str]:
+    """Run ``manage.py locks ARGS`` on a terminal of its own; type ``keys`` at its prompt.
+
+    A pseudo-terminal that is the command's controlling terminal (``setsid --ctty``), so
+    Ctrl-C (``\\x03``) reaches it as the SIGINT an operator's terminal sends, and Ctrl-D
+    (``\\x04``) is the end of file it makes. Returns the exit code (negative: killed by
+    that signal) and all that the terminal showed.
+    """
+    main, side = os.openpty()
+    process = subprocess.Popen(
+        ["setsid", "--ctty", sys.executable, "manage.py", "locks", *args, "--no-color"],
+        cwd=ROOT,
+        env=worker_env(),
+        stdin=side,
+        stdout=side,
+        stderr=side,
+    )
+    os.close(side)
+    shown = b""
+    deadline = time.monotonic() + 120
+    try:
+        typed = False
+        while time.monotonic() < deadline:
+            if not typed and b"[y/N] " in shown:
+                os.write(main, keys)
+                typed = True
+            ready, _, _ = select.select([main], [], [], 1)
+            if ready:
+                try:
+                    chunk = os.read(main, 4096)
+                except OSError:  # EIO: the command ended, the terminal is closed
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+        return process.wait(timeout=max(1.0, deadline - time.monotonic())), shown.decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(main)
+
+
+@pytest.mark.parametrize("key", ["\x03", "\x04"], ids=["ctrl-c", "ctrl-d"])
+def test_break_interrupted_or_ended_at_the_prompt_breaks_nothing_and_says_so(key: str) -> None:
+    # As createsuperuser's prompt: a message and exit code 1, not a traceback (Ctrl-C),
+    # and the message on a line of its own, not after the prompt (either key).
+    lease = locks.acquire("orders:14", ttl=60, holder="worker-14")
+    code, shown = manage_on_a_terminal("break", "orders:14", keys=key.encode())
+    assert "Break 1 lock(s)?" in shown
+    assert code == 1, shown
+    assert "Traceback" not in shown and "KeyboardInterrupt" not in shown
+    [said] = [line for line in shown.splitlines() if "no lock was broken" in line]
+    assert said.startswith("CommandError: aborted"), shown
+    assert Lock.objects.get(name="orders:14").token == lease.token
+    lease.release()
 
 
 class HandOverOnAnswer(Terminal):

@@ -1,8 +1,8 @@
 """``manage.py locks list|break|reap``: look at lock rows, break locks, delete expired rows.
 
-Exit codes: 0 done; 1 some names were unknown (or not broken), or the prompt was declined;
-2 bad usage (bad arguments, or no way to confirm a break); 3 the database has no lock table
-(not migrated).
+Exit codes: 0 done; 1 some names were unknown (or not broken), or the prompt was declined
+or left (Ctrl-C, Ctrl-D); 2 bad usage (bad arguments, or no way to confirm a break); 3 the
+database has no lock table (not migrated).
 """
 
 from __future__ import annotations
@@ -285,10 +285,21 @@ class Command(BaseCommand):
                 "pass --yes to break without asking; no lock was broken",
                 returncode=USAGE,
             )
-        self.stdout.write(_table(rows))
-        self.stdout.write(f"Break {len(rows)} lock(s)? Their holders lose them. [y/N] ", ending="")
-        self.stdout.flush()
-        if stdin.readline().strip().lower() not in {"y", "yes"}:
+        try:
+            self.stdout.write(_table(rows))
+            self.stdout.write(
+                f"Break {len(rows)} lock(s)? Their holders lose them. [y/N] ", ending=""
+            )
+            self.stdout.flush()
+            answer = stdin.readline()
+        except KeyboardInterrupt:
+            # Ctrl-C at the prompt, or as it came up: as Django's own prompts, a message and
+            # exit code 1, not a traceback.
+            answer = ""
+        if not answer.endswith("\n"):
+            # Ctrl-C or Ctrl-D left the cursor after the prompt: end its line.
+            self.stdout.write("")
+        if answer.strip().lower() not in {"y", "yes"}:
             raise CommandError("aborted: no lock was broken", returncode=PARTIAL)
 
     def _reap(self, alias: str, batch_size: Any, verbosity: int) -> None:
