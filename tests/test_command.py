@@ -364,6 +364,41 @@ def test_break_interrupted_or_ended_at_the_prompt_breaks_nothing_and_says_so(key
     lease.release()
 
 
+def manage_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``manage.py locks ARGS`` with its output into a pipe nobody reads any more.
+
+    As ``manage.py locks list | head -1`` once ``head`` has exited: every write fails
+    with EPIPE.
+    """
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        return subprocess.run(
+            [sys.executable, "manage.py", "locks", *args],
+            cwd=ROOT,
+            env=worker_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(writer)
+
+
+@pytest.mark.parametrize(
+    "args", [["list"], ["list", "--json"], ["break", "orders:15", "--yes"], ["reap"]]
+)
+def test_output_into_a_closed_pipe_ends_quietly_as_unix_tools_do(args: list[str]) -> None:
+    # "locks list | head -1": no BrokenPipeError traceback, and the exit code of a tool
+    # that SIGPIPE ended (128 + 13), so that "set -o pipefail" still sees it.
+    locks.acquire("orders:15", ttl=60, holder="worker-15")
+    ended = manage_into_a_closed_pipe(*args)
+    assert ended.returncode == 141, ended.stderr
+    assert "Traceback" not in ended.stderr and "BrokenPipeError" not in ended.stderr
+
+
 class HandOverOnAnswer(Terminal):
     """A terminal whose user answers "y" after the lock shown changed hands."""
 

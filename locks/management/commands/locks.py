@@ -2,12 +2,14 @@
 
 Exit codes: 0 done; 1 some names were unknown (or not broken), or the prompt was declined
 or left (Ctrl-C, Ctrl-D); 2 bad usage (bad arguments, or no way to confirm a break); 3 the
-database has no lock table (not migrated).
+database has no lock table (not migrated); 141 the output went into a pipe that was closed
+(``locks list | head -1``), as for tools that SIGPIPE ends.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from argparse import SUPPRESS
 from datetime import datetime
@@ -25,6 +27,7 @@ from locks.models import DatabaseNow, Lock
 PARTIAL = 1
 USAGE = 2
 NOT_MIGRATED = 3
+BROKEN_PIPE = 141  # 128 + SIGPIPE (13): how a shell reports a tool that SIGPIPE ended
 COLUMNS = ("NAME", "HOLDER", "COUNT", "TOKEN", "ACQUIRED (UTC)", "EXPIRES IN", "STATE")
 
 
@@ -207,6 +210,26 @@ class Command(BaseCommand):
                 "--database", default=None, help="database alias (default: LOCKS['DATABASE'])"
             )
             _django_options(sub)
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """Run from the command line; output into a pipe closed early ends it quietly.
+
+        ``manage.py locks list | head -1``: once the reader has gone, a write fails with
+        BrokenPipeError. As Python's documentation of SIGPIPE advises, standard output
+        goes to ``os.devnull`` (so that the flush at exit does not fail again) and the
+        command ends at once, with the exit code of a tool that SIGPIPE ended, so that
+        ``set -o pipefail`` still tells. Only here: ``call_command`` gets the exception.
+        """
+        try:
+            try:
+                super().run_from_argv(argv)
+            finally:
+                if sys.stdout is not None:  # None: file descriptor 1 closed (">&-")
+                    sys.stdout.flush()  # what is still buffered fails here, not at exit
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(BROKEN_PIPE)
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
