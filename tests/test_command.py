@@ -13,17 +13,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, connections
+from django.db import connection, connections, transaction
+from django.test import override_settings
 
 import locks
 from locks.backends import for_connection
 from locks.conf import conf
 from locks.models import Lock
-from tests.conftest import ROOT, worker_env
+from tests.conftest import BACKEND, ROOT, worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -568,3 +570,43 @@ def test_table_prompt_and_messages_show_control_and_bidi_characters_escaped() ->
         assert raw_controls(text) == set()
         assert "\\x1b[2J\\r\\x7f\\x9b2J\\u202a" in text and "\\u2069\\u2028\\U000f0000" in text
     assert not Lock.objects.exists()
+
+
+def test_a_bad_locks_setting_met_by_break_is_a_command_error_not_a_traceback() -> None:
+    # manage.py check reports it, but --skip-checks (and call_command) go past the checks.
+    first = locks.acquire("orders:16", ttl=30, holder="worker")
+    second = locks.acquire("orders:17", ttl=30, holder="worker")
+    with override_settings(LOCKS={"TRANSIENT_RETRIES": -1}):
+        code, message = fails("break", "orders:16", "orders:17", "--yes")
+    assert code == 1
+    assert "LOCKS['TRANSIENT_RETRIES']" in message
+    assert "'orders:16'" in message and "'orders:17'" in message, "what was not broken"
+    assert locks.check_token("orders:16", first.token)
+    assert locks.check_token("orders:17", second.token)
+
+
+def test_a_bad_locks_setting_met_by_the_real_command_exits_1_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    lease = locks.acquire("orders:16", ttl=30, holder="worker")
+    (tmp_path / "bad_locks_settings.py").write_text(
+        'from tests.settings import *  # noqa: F403\n\nLOCKS = {"TRANSIENT_RETRIES": -1}\n'
+    )
+    flags = ["--settings", "bad_locks_settings", "--pythonpath", str(tmp_path), "--skip-checks"]
+    ended = manage("break", "orders:16", "--yes", *flags)
+    assert ended.returncode == 1, ended.stderr
+    assert "LOCKS['TRANSIENT_RETRIES']" in ended.stderr and "Traceback" not in ended.stderr
+    assert locks.check_token("orders:16", lease.token)
+
+
+@pytest.mark.skipif(BACKEND != "sqlite", reason="SQLite's one writer per file")
+@pytest.mark.parametrize("args", [["break", "orders:18", "--yes"], ["reap"]])
+def test_a_lock_error_is_a_command_error_not_a_traceback(args: list[str]) -> None:
+    # A lock call refused (LockError): here, under a transaction of the caller's own on
+    # the SQLite file of the locks, which the lock call would wait for forever.
+    lease = locks.acquire("orders:18", ttl=30, holder="worker")
+    with transaction.atomic(), pytest.raises(CommandError) as caught:
+        run(*args)
+    assert caught.value.returncode == 1
+    assert "cannot run while this thread's transaction" in str(caught.value)
+    assert locks.check_token("orders:18", lease.token)

@@ -1,7 +1,8 @@
 """``manage.py locks list|break|reap``: look at lock rows, break locks, delete expired rows.
 
-Exit codes: 0 done; 1 some names were unknown (or not broken), or the prompt was declined
-or left (Ctrl-C, Ctrl-D); 2 bad usage (bad arguments, or no way to confirm a break); 3 the
+Exit codes: 0 done; 1 some names were unknown (or not broken), a lock call was refused
+(``LockError``, or a bad ``LOCKS`` setting met by ``break``), or the prompt was declined or
+left (Ctrl-C, Ctrl-D); 2 bad usage (bad arguments, or no way to confirm a break); 3 the
 database has no lock table (not migrated); 141 the output went into a pipe that was closed
 (``locks list | head -1``), as for tools that SIGPIPE ends.
 """
@@ -21,6 +22,7 @@ from django.db import DatabaseError
 from locks import connection as own_connection
 from locks import validation
 from locks.conf import conf
+from locks.exceptions import LockError
 from locks.leases import break_lock, reap_expired
 from locks.models import DatabaseNow, Lock
 
@@ -246,6 +248,10 @@ class Command(BaseCommand):
                 self._break(alias, options["names"], options["yes"], stdin, options["verbosity"])
             else:
                 self._reap(alias, options["batch_size"], options["verbosity"])
+        except LockError as exc:
+            # A lock call refused (e.g. SQLite, under a transaction of the caller's own on
+            # the file of the locks): the reason, not a traceback.
+            raise CommandError(str(exc), returncode=PARTIAL) from exc
         except DatabaseError as exc:
             # Only a missing table gets its own answer; any other database error (server
             # down, no permission) is reported as it is, not as "not migrated".
@@ -283,12 +289,24 @@ class Command(BaseCommand):
             self._confirm(rows, stdin)
         found = {row["name"]: row for row in rows}
         missed = [name for name in names if name not in found]
+        gone: set[str] = set()
         for name, row in found.items():
-            broken = _break_holding(alias, row, again=yes)
+            try:
+                broken = _break_holding(alias, row, again=yes)
+            except (LockError, TypeError, ValueError) as exc:
+                # A lock call refused, or a bad LOCKS setting (which --skip-checks lets
+                # through): the reason and what is left, not a traceback.
+                left = [other for other in names if other not in gone]
+                raise CommandError(
+                    f"breaking locks stopped: {exc}; not broken: {', '.join(map(repr, left))}",
+                    returncode=PARTIAL,
+                ) from exc
             if broken is None:
                 self.stderr.write(f"Lock {name!r} was released or taken again meanwhile.")
                 missed.append(name)
-            elif verbosity > 0:  # -v 0: only errors, as Django's own commands
+                continue
+            gone.add(name)
+            if verbosity > 0:  # -v 0: only errors, as Django's own commands
                 self.stdout.write(
                     f"Broke lock {name!r} (holder {broken['holder']!r}, token {broken['token']})."
                 )
