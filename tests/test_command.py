@@ -107,6 +107,27 @@ def test_list_escapes_characters_that_would_fake_rows_or_reach_the_terminal() ->
     ]
 
 
+def test_list_lines_up_columns_by_terminal_cells_with_wide_and_combining_characters() -> None:
+    # A CJK character or an emoji takes two cells of a terminal, a combining accent none:
+    # padding by len() pushed the columns after such a value out of line. The NAME column
+    # is 11 cells wide ("plain:12345"), HOLDER 6 ("HOLDER"; "工人" takes 4), COUNT 5.
+    expected = {
+        "注文:42": "注文:42" + " " * 4 + "  w     ",  # 2 + 2 + 3 cells
+        "cafe\u0301:1": "cafe\u0301:1" + " " * 5 + "  w     ",  # 6 cells in 7 characters
+        "\U0001f512:9": "\U0001f512:9" + " " * 7 + "  w     ",  # an emoji: 2 cells
+        "\u2764\ufe0f:3": "\u2764\ufe0f:3" + " " * 7 + "  w     ",  # U+FE0F: emoji, 2 cells
+        "plain:12345": "plain:12345  工人  ",
+    }
+    for name in expected:
+        locks.acquire(name, ttl=30, holder="工人" if name == "plain:12345" else "w")
+    lines = run("list")[0].splitlines()
+    assert lines[0].startswith("NAME       " + "  HOLDER  COUNT  TOKEN")
+    assert len(lines) == 1 + len(expected)
+    for line in lines[1:]:
+        [name] = [name for name in expected if line.startswith(name + " ")]
+        assert line.startswith(expected[name] + "      1  "), line
+
+
 def test_list_shows_the_acquired_time_to_the_millisecond_with_zero_microseconds() -> None:
     locks.acquire("orders:whole", ttl=30, holder="worker")
     whole_second = datetime(2026, 11, 26, 0, 37, 17, tzinfo=UTC)

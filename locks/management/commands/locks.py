@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import unicodedata
 from argparse import SUPPRESS
 from datetime import datetime
 from typing import Any, TextIO, TypeGuard
@@ -152,16 +153,42 @@ def _table(rows: list[dict[str, Any]]) -> str:
         )
         for row in rows
     ]
-    widths = [max(len(c[i]) for c in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
+    widths = [max(_cells(c[i]) for c in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
     right = {2, 3, 5}  # numbers line up on the right
     lines = [
         "  ".join(
-            cell.rjust(width) if i in right else cell.ljust(width)
+            _pad(cell, width, right=i in right)
             for i, (cell, width) in enumerate(zip(line, widths, strict=True))
         ).rstrip()
         for line in [COLUMNS, *cells]
     ]
     return "\n".join(lines)
+
+
+def _cells(text: str) -> int:
+    """How many terminal cells ``text`` takes up, for a table to line up.
+
+    Not ``len()``: an East Asian wide or fullwidth character (CJK, most emoji) takes two
+    cells; a combining mark (an accent after its letter) and a conjoining Hangul vowel or
+    final (part of the syllable before it) none; a narrow character that U+FE0F asks to
+    show as an emoji (``❤️``) two. Only what :func:`_printable` lets through is measured:
+    no control or format character reaches the table.
+    """
+    widths: list[int] = []
+    for char in text:
+        if char == "\ufe0f" and widths and widths[-1] == 1:
+            widths[-1] = 2
+        elif unicodedata.category(char) in {"Mn", "Me"} or "\u1160" <= char <= "\u11ff":
+            widths.append(0)
+        else:
+            widths.append(2 if unicodedata.east_asian_width(char) in {"W", "F"} else 1)
+    return sum(widths)
+
+
+def _pad(text: str, width: int, *, right: bool) -> str:
+    """``text`` padded with spaces to ``width`` terminal cells, on the left if ``right``."""
+    padding = " " * max(0, width - _cells(text))
+    return padding + text if right else text + padding
 
 
 def _django_options(sub: CommandParser) -> None:
