@@ -15,6 +15,7 @@ from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.utils.html import format_html
 
 from . import validation
 from .conf import conf
@@ -65,6 +66,23 @@ def seconds_left(lock: Lock) -> float:
     return float((lock.expires_at - now).total_seconds())
 
 
+def _isolated(field: str) -> Callable[[Lock], str]:
+    """A changelist column showing the text ``field`` of a lock in ``<bdi>``, escaped.
+
+    Names, holders and notes come from outside (``lock_view`` fills names from URLs): a
+    right-to-left override or isolate in one (U+202E, U+2067) would reorder what the page
+    shows around it; ``<bdi>`` keeps each value to itself. The column keeps what the field
+    itself would have: its name (CSS class ``field-holder`` for ``holder``), its sorting.
+    """
+
+    @admin.display(description=field, ordering=field)
+    def column(lock: Lock) -> str:
+        return format_html("<bdi>{}</bdi>", getattr(lock, field))
+
+    column.__name__ = field
+    return column
+
+
 class StateFilter(admin.SimpleListFilter):
     """Filter lock rows by state, judged by the database clock: held or expired."""
 
@@ -92,7 +110,15 @@ class LockAdmin(ModelAdmin):
         admin.site.register(Lock, LockAdmin)  # done by this module; subclass to customise
     """
 
-    list_display = ("name", "holder", "count", "token", "acquired_at", "expires_in", "state")
+    list_display = (
+        _isolated("name"),
+        _isolated("holder"),
+        "count",
+        "token",
+        "acquired_at",
+        "expires_in",
+        "state",
+    )
     list_filter = (StateFilter,)
     search_fields = ("name", "holder")
     ordering = ("-acquired_at", "-token")  # same millisecond on SQLite: later token first

@@ -46,7 +46,8 @@ def shown(response: Any) -> str:
 
 
 def cells(html: str, column: str) -> list[str]:
-    pattern = rf'<t[dh] class="field-{column}"[^>]*>(?:<a [^>]*>)?(.*?)(?:</a>)?</t[dh]>'
+    start, end = r"(?:<a [^>]*>)?(?:<bdi>)?", r"(?:</bdi>)?(?:</a>)?"  # link, isolation
+    pattern = rf'<t[dh] class="field-{column}"[^>]*>{start}(.*?){end}</t[dh]>'
     return re.findall(pattern, html)
 
 
@@ -423,3 +424,24 @@ def test_break_messages_quote_names_and_escape_bidi_and_control_characters() -> 
     messages = messages[: messages.index("</ul>")]
     assert "\u202e" not in messages and "\u2066" not in messages and "\n" + "FAKE" not in messages
     assert not Lock.objects.exists()
+
+
+def test_names_and_holders_are_isolated_from_the_page_around_them(superuser: Client) -> None:
+    # A right-to-left override or isolate in a name (U+202E, U+2067) must not reorder
+    # what the page shows around it: each value sits in its own <bdi>, escaped.
+    name, holder = "jobs:\u202egpj.exe<b>", "worker\u2067<i>x"
+    lease = locks.acquire(name, ttl=30, holder=holder)
+    escaped_name, escaped_holder = html.escape(name), html.escape(holder)
+
+    listed = superuser.get(CHANGELIST).content.decode()
+    assert re.search(
+        rf'<th class="field-name"><a [^>]*><bdi>{re.escape(escaped_name)}</bdi></a></th>', listed
+    ), listed
+    assert f'<td class="field-holder"><bdi>{escaped_holder}</bdi></td>' in listed
+    assert "<b>" not in listed and "<i>" not in listed
+
+    page = superuser.post(CHANGELIST, action("break_locks", name)).content.decode()
+    assert f'<td class="field-name"><bdi>{escaped_name}</bdi></td>' in page
+    assert f'<td class="field-holder"><bdi>{escaped_holder}</bdi></td>' in page
+    assert "<b>" not in page and "<i>" not in page
+    lease.release()
