@@ -24,6 +24,7 @@ from django.test import override_settings
 import locks
 from locks.backends import for_connection
 from locks.conf import conf
+from locks.management.commands.locks import Command
 from locks.models import Lock
 from tests.conftest import BACKEND, ROOT, worker_env
 
@@ -410,16 +411,68 @@ def manage_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
         os.close(writer)
 
 
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
 @pytest.mark.parametrize(
     "args", [["list"], ["list", "--json"], ["break", "orders:15", "--yes"], ["reap"]]
 )
-def test_output_into_a_closed_pipe_ends_quietly_as_unix_tools_do(args: list[str]) -> None:
+def test_output_into_a_closed_pipe_ends_quietly_as_unix_tools_do(
+    args: list[str], buffered: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # "locks list | head -1": no BrokenPipeError traceback, and the exit code of a tool
-    # that SIGPIPE ended (128 + 13), so that "set -o pipefail" still sees it.
+    # that SIGPIPE ended (128 + 13), so that "set -o pipefail" still sees it. Buffered
+    # (output into a pipe, by default): the write fails as the command ends; unbuffered
+    # (PYTHONUNBUFFERED): at once.
+    if buffered:
+        monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONUNBUFFERED", "1")
     locks.acquire("orders:15", ttl=60, holder="worker-15")
     ended = manage_into_a_closed_pipe(*args)
     assert ended.returncode == 141, ended.stderr
     assert "Traceback" not in ended.stderr and "BrokenPipeError" not in ended.stderr
+
+
+def test_a_failure_with_output_into_a_closed_pipe_keeps_its_message_and_exit_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The reader of the output gone is no reason to hide why the command failed: the
+    # CommandError's message and exit code, not the 141 of a closed pipe. (Output into a
+    # pipe is buffered, as it is unless PYTHONUNBUFFERED is set, so the write fails once
+    # the command has ended.)
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    locks.acquire("orders:19", ttl=60, holder="worker-19")
+    ended = manage_into_a_closed_pipe("break", "orders:19", "orders:nope", "--yes")
+    assert ended.returncode == 1, ended.stderr
+    assert "Unknown lock name(s): 'orders:nope'." in ended.stderr
+    assert "1 of 2 lock(s) not broken" in ended.stderr and "Traceback" not in ended.stderr
+    assert not Lock.objects.filter(name="orders:19").exists()
+
+
+class FailsAfterItsOutput(Command):
+    """``locks list`` that fails once its table is written, as a lost server would.
+
+    No real failure comes reliably between an output and the end of the command.
+    """
+
+    def _list(self, alias: str, options: dict[str, Any]) -> None:
+        super()._list(alias, options)
+        raise RuntimeError("the server went away")
+
+
+def test_an_error_after_output_into_a_closed_pipe_is_raised_not_hidden(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An unexpected error keeps its traceback (and exit code 1) on the command line; the
+    # output it could not write is dropped, so the exit does not fail on it again.
+    locks.acquire("orders:20", ttl=60, holder="worker-20")
+    reader, writer = os.pipe()
+    os.close(reader)
+    with open(writer, "w") as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        with pytest.raises(RuntimeError, match="the server went away"):
+            FailsAfterItsOutput().run_from_argv(["manage.py", "locks", "list", "--skip-checks"])
+        closed.write("more")
+        closed.flush()  # into os.devnull now
 
 
 class HandOverOnAnswer(Terminal):

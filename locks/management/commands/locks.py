@@ -191,6 +191,23 @@ def _pad(text: str, width: int, *, right: bool) -> str:
     return padding + text if right else text + padding
 
 
+def _flush_stdout() -> bool:
+    """Write out what standard output still buffers; False if its reader has gone.
+
+    Then it goes to ``os.devnull``, so that the flush at exit does not fail again.
+    """
+    if sys.stdout is None:  # file descriptor 1 closed (">&-")
+        return True
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return False
+    return True
+
+
 def _django_options(sub: CommandParser) -> None:
     """Django's own options on a subcommand's parser too, as every command takes them.
 
@@ -247,17 +264,19 @@ class Command(BaseCommand):
         BrokenPipeError. As Python's documentation of SIGPIPE advises, standard output
         goes to ``os.devnull`` (so that the flush at exit does not fail again) and the
         command ends at once, with the exit code of a tool that SIGPIPE ended, so that
-        ``set -o pipefail`` still tells. Only here: ``call_command`` gets the exception.
+        ``set -o pipefail`` still tells. A command that failed (a CommandError, an
+        unexpected error) ends as it would have, with its own message and exit code.
+        Only here: ``call_command`` gets the exception.
         """
         try:
-            try:
-                super().run_from_argv(argv)
-            finally:
-                if sys.stdout is not None:  # None: file descriptor 1 closed (">&-")
-                    sys.stdout.flush()  # what is still buffered fails here, not at exit
+            super().run_from_argv(argv)
         except BrokenPipeError:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+            _flush_stdout()
+            sys.exit(BROKEN_PIPE)
+        except BaseException:
+            _flush_stdout()
+            raise
+        if not _flush_stdout():
             sys.exit(BROKEN_PIPE)
 
     def handle(self, *args: Any, **options: Any) -> None:
