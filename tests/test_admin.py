@@ -74,6 +74,22 @@ def test_list_shows_holder_count_token_and_time_left_by_the_database_clock(
     assert 0 < left[0] <= 30 and left[1] < 0
 
 
+def test_name_and_holder_columns_have_their_headers_and_sort(superuser: Client) -> None:
+    # Shown through <bdi>, they are still the model's columns: header, CSS class, sorting.
+    locks.acquire("jobs:b", ttl=30, holder="worker-a")
+    locks.acquire("jobs:a", ttl=30, holder="worker-c")
+    locks.acquire("jobs:c", ttl=30, holder="worker-b")
+    page = superuser.get(CHANGELIST).content.decode()
+    for column, index, label in [("name", 1, "Name"), ("holder", 2, "Holder")]:
+        header = rf'<th scope="col" class="sortable column-{column}">.*?</th>'
+        [found] = re.findall(header, page, re.S)
+        assert re.search(rf'<a href="\?o={index}\.[-.\d]*">{label}</a>', found), found
+    by_name = superuser.get(CHANGELIST + "?o=1").content.decode()
+    assert cells(by_name, "name") == ["jobs:a", "jobs:b", "jobs:c"]
+    by_holder = superuser.get(CHANGELIST + "?o=-2").content.decode()
+    assert cells(by_holder, "holder") == ["worker-c", "worker-b", "worker-a"]
+
+
 def test_filter_by_state_and_search_by_name_and_holder(superuser: Client) -> None:
     expired("jobs:old", "worker-old")
     locks.acquire("jobs:live", ttl=30, holder="worker-live")
