@@ -471,22 +471,27 @@ class Lease:
         """
         self._renew(self.ttl if ttl is None else validation.ttl_seconds(ttl))
 
-    def _renew(self, seconds: float, *, by_watchdog: bool = False) -> None:
+    def _renew(self, seconds: float, *, by_watchdog: bool = False) -> bool:
         """:meth:`renew` for ``seconds`` already checked.
 
         ``by_watchdog`` (the auto-renew watchdog's renewals): nothing is done once a release
         was tried or renewals were stopped, and the renewal waits for the lock row (a
         transaction holding it, a busy SQLite file) no longer than the lease is surely ours,
         and then fails, so that the lease is given up in time (a renewal waiting on would
-        leave it held long after it may have run out).
+        leave it held long after it may have run out). Nor does it wait for the holder's own
+        renewal or release under way, which may wait for the row without a bound: it returns
+        False at once, and the watchdog looks again later (meanwhile it renews the other
+        leases of the database). True otherwise.
         """
         self._refuse_in_a_child()
-        with self._mutex:
+        if not self._mutex.acquire(blocking=not by_watchdog):
+            return False
+        try:
             self._refuse_if_over()
             if by_watchdog and self._unwatched:
                 # Looked at again here: a release that failed (the holder wants the lease
                 # over) may have ended between the watchdog's look and this renewal.
-                return
+                return True
             started = time.monotonic()
             give_up = self._local_deadline if by_watchdog else None
 
@@ -502,6 +507,14 @@ class Lease:
             self.expires_at = expires_at
             deadline = started + seconds - _shortfall(self.using)
             self._local_deadline = max(self._local_deadline, deadline)
+            if self._state == LOST:
+                # The watchdog gave the lease up while this renewal waited (it was no longer
+                # surely ours), and renews it no more; whoever saw it lost may have acted on
+                # that already. It stays lost, and the caller learns it now.
+                raise self._lost_error("it was given up while this renewal waited")
+        finally:
+            self._mutex.release()
+        return True
 
     def release(self, *, entirely: bool = False) -> None:
         """Release the lease (one re-entry of it; with ``entirely=True``, the whole holding).

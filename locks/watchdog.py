@@ -31,6 +31,9 @@ class Watchdog:
 
     #: Seconds with nothing to renew after which the thread ends (the next watch starts one).
     IDLE_SECONDS = 60.0
+    #: Seconds after which a lease found busy with its holder's own renewal or release is
+    #: looked at again.
+    BUSY_SECONDS = 0.05
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -95,7 +98,7 @@ class Watchdog:
 
     def _renew(self, lease: Lease) -> None:
         try:
-            lease._renew(lease.ttl, by_watchdog=True)
+            renewed = lease._renew(lease.ttl, by_watchdog=True)
         except LockLost as exc:
             lease._mark_lost()
             logger.warning("auto-renew: lease %r lost: %s", lease.name, exc)
@@ -115,6 +118,22 @@ class Watchdog:
                 return
             logger.warning("auto-renew of %r failed, retrying: %s", lease.name, exc)
             self.watch(lease, min(1.0, remaining / 4))
+            return
+        if not renewed and lease.held and not lease._unwatched:
+            # The holder's own renewal is under way, and may wait long (for the lock row,
+            # for a server that does not answer): waiting for it here would leave every
+            # other lease of the database unrenewed meanwhile. Look again soon; once the
+            # lease is no longer surely ours, give it up as if a renewal of our own had
+            # waited that long (the holder's renewal raises when it ends).
+            remaining = lease._local_deadline - time.monotonic()
+            if remaining <= 0:
+                lease._mark_lost()
+                logger.warning(
+                    "auto-renew: lease %r lost, its holder's own renewal outlasted it",
+                    lease.name,
+                )
+                return
+            self.watch(lease, min(self.BUSY_SECONDS, remaining))
             return
         if lease.held and not lease._unwatched:
             try:

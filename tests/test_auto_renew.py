@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 import weakref
+from datetime import timedelta
 
 import pytest
 from django.db import DatabaseError, connections
@@ -109,7 +110,7 @@ def test_a_release_that_races_a_due_renewal_stops_no_other_renewals() -> None:
     other = locks.acquire("orders:2", ttl=3, auto_renew=True)  # renewed every second
     lease = locks.acquire("orders:1", ttl=1.5, auto_renew=True)  # every 0.5 s
     # The release waits on the server for 1 s (less than the TTL); meanwhile a renewal
-    # falls due, finds the lease still held and waits for the release to finish.
+    # falls due and finds the lease still held, busy with the release.
     blocker = hold_write_lock("orders:1", 1.0)
     errors: list[BaseException] = []
 
@@ -163,6 +164,88 @@ def test_a_renewal_that_waits_for_the_lock_row_gives_the_lease_up_at_its_deadlin
         blocker.join(10)
     with pytest.raises(locks.LockLost, match="orders:1"):
         lease.renew()
+
+
+def _renew_in_thread(lease: locks.Lease) -> tuple[threading.Thread, list[BaseException]]:
+    """The holder's own ``lease.renew()``, run in a thread of its own; its errors kept."""
+    errors: list[BaseException] = []
+
+    def renew() -> None:
+        try:
+            lease.renew()
+        except BaseException as exc:
+            errors.append(exc)
+
+    renewing = threading.Thread(target=renew)
+    renewing.start()
+    return renewing, errors
+
+
+def test_a_holders_own_renewal_that_waits_does_not_hold_up_the_other_leases(
+    backend: str,
+) -> None:
+    if backend == "sqlite":
+        pytest.skip("a lock row of its own to hold: SQLite's only lock is the file's")
+    stuck = locks.acquire("orders:1", ttl=3, auto_renew=True)  # the watchdog's due at 1 s
+    lease = locks.acquire("orders:2", ttl=0.6, auto_renew=True)  # every 0.2 s
+    first_expiry = lease.expires_at
+    # The holder renews "orders:1" itself while a transaction holds its row: the renewal
+    # waits about 2 s, through the watchdog's own renewal of it falling due.
+    blocker = hold_write_lock("orders:1", 2.0)
+    renewing, errors = _renew_in_thread(stuck)
+    time.sleep(1.8)
+    try:
+        # The other lease went on being renewed, in the database, past its first expiry.
+        assert locks.try_acquire("orders:2", holder="bob") is None
+        assert locks.check_token("orders:2", lease.token)
+        expiry = Lock.objects.get(name="orders:2").expires_at
+        assert expiry - first_expiry > timedelta(seconds=1), (first_expiry, expiry)
+        assert not lease.lost
+    finally:
+        blocker.join(10)
+        renewing.join(10)
+    assert errors == []
+    assert stuck.held and not stuck.lost
+    # The watchdog looks after it again: its next renewal extends it further.
+    renewed = Lock.objects.get(name="orders:1").expires_at
+    assert wait_for(lambda: Lock.objects.get(name="orders:1").expires_at > renewed, 2)
+    stuck.release()
+    lease.release()
+
+
+def test_a_holders_own_renewal_that_outlasts_the_lease_has_it_reported_lost_at_its_deadline() -> (
+    None
+):
+    # The watchdog cannot renew the lease while its holder's renewal waits for the row: it
+    # must not leave the lease shown held past the time it is surely ours.
+    lease = locks.acquire("orders:1", ttl=1, auto_renew=True)
+    blocker = hold_write_lock("orders:1", 3.0)
+    renewing, errors = _renew_in_thread(lease)
+    try:
+        assert wait_for(lambda: lease.lost, 1.8)
+        assert renewing.is_alive()  # still waiting
+        assert not lease.held
+    finally:
+        blocker.join(10)
+        renewing.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], locks.LockLost), errors
+
+
+def test_a_holders_own_renewal_that_ends_after_the_lease_was_given_up_raises_lock_lost() -> None:
+    # Reported lost (its deadline passed while its holder's renewal waited), the lease
+    # stays lost: the renewal that then gets through tells its caller so, rather than
+    # have it go on with a lease that nothing renews any more.
+    lease = locks.acquire("orders:1", ttl=3, auto_renew=True)  # the watchdog's due at 1 s
+    lease._local_deadline = time.monotonic() + 0.5  # as if the acquire's answer came late
+    blocker = hold_write_lock("orders:1", 1.5)
+    renewing, errors = _renew_in_thread(lease)
+    try:
+        assert wait_for(lambda: lease.lost, 1.3)
+    finally:
+        blocker.join(10)
+        renewing.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], locks.LockLost), errors
+    assert lease.lost
 
 
 def test_a_lease_watched_while_an_idle_watchdog_ends_is_still_renewed(
