@@ -471,17 +471,20 @@ class Lease:
         """
         self._renew(self.ttl if ttl is None else validation.ttl_seconds(ttl))
 
-    def _renew(self, seconds: float, *, by_watchdog: bool = False) -> bool:
+    def _renew(
+        self, seconds: float, *, by_watchdog: bool = False, wait_until: float = math.inf
+    ) -> bool:
         """:meth:`renew` for ``seconds`` already checked.
 
         ``by_watchdog`` (the auto-renew watchdog's renewals): nothing is done once a release
         was tried or renewals were stopped, and the renewal waits for the lock row (a
         transaction holding it, a busy SQLite file) no longer than the lease is surely ours,
         and then fails, so that the lease is given up in time (a renewal waiting on would
-        leave it held long after it may have run out). Nor does it wait for the holder's own
-        renewal or release under way, which may wait for the row without a bound: it returns
-        False at once, and the watchdog looks again later (meanwhile it renews the other
-        leases of the database). True otherwise.
+        leave it held long after it may have run out), nor past ``wait_until`` (a
+        ``time.monotonic()`` value: when the watchdog's next lease falls due). Nor does it
+        wait for the holder's own renewal or release under way, which may wait for the row
+        without a bound: it returns False at once, and the watchdog looks again later
+        (meanwhile it renews the other leases of the database). True otherwise.
         """
         self._refuse_in_a_child()
         if not self._mutex.acquire(blocking=not by_watchdog):
@@ -493,7 +496,7 @@ class Lease:
                 # over) may have ended between the watchdog's look and this renewal.
                 return True
             started = time.monotonic()
-            give_up = self._local_deadline if by_watchdog else None
+            give_up = min(self._local_deadline, wait_until) if by_watchdog else None
 
             def extend(backend: Backend, cursor: Cursor) -> datetime | None:
                 # Each try of a transient error gets what is left of the same deadline.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -34,6 +35,9 @@ class Watchdog:
     #: Seconds after which a lease found busy with its holder's own renewal or release is
     #: looked at again.
     BUSY_SECONDS = 0.05
+    #: The least a renewal may wait for its lock row, even when another lease falls due
+    #: sooner (so that one whose row is busy for a moment still gets through).
+    MIN_WAIT_SECONDS = 0.05
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -96,9 +100,21 @@ class Watchdog:
         finally:
             connection.close()
 
+    def _others_due(self) -> float:
+        """Until when (a ``time.monotonic()`` value) a renewal may wait for its lock row:
+        until the next lease in the queue falls due, MIN_WAIT_SECONDS at least.
+
+        Its own lease's deadline alone is no bound for the others: a lease due sooner would
+        wait behind it meanwhile, and expire. A renewal cut short is tried again later,
+        until its own lease's deadline.
+        """
+        with self._cond:
+            due = self._queue[0][0] if self._queue else math.inf
+        return max(due, time.monotonic() + self.MIN_WAIT_SECONDS)
+
     def _renew(self, lease: Lease) -> None:
         try:
-            renewed = lease._renew(lease.ttl, by_watchdog=True)
+            renewed = lease._renew(lease.ttl, by_watchdog=True, wait_until=self._others_due())
         except LockLost as exc:
             lease._mark_lost()
             logger.warning("auto-renew: lease %r lost: %s", lease.name, exc)

@@ -166,6 +166,35 @@ def test_a_renewal_that_waits_for_the_lock_row_gives_the_lease_up_at_its_deadlin
         lease.renew()
 
 
+def test_a_renewal_that_waits_for_the_lock_row_does_not_hold_up_a_lease_due_sooner(
+    backend: str,
+) -> None:
+    if backend == "sqlite":
+        pytest.skip("a lock row of its own to hold: SQLite's only lock is the file's")
+    stuck = locks.acquire("orders:1", ttl=4, auto_renew=True)  # due at 1.3 s, ours until 4 s
+    lease = locks.acquire("orders:2", ttl=0.6, auto_renew=True)  # every 0.2 s
+    first_expiry = lease.expires_at
+    # The renewal of "orders:1" may wait for its row until about 4 s, but "orders:2" falls
+    # due again within 0.2 s: it must not wait behind it.
+    blocker = hold_write_lock("orders:1", 2.5)
+    time.sleep(2.2)
+    try:
+        assert locks.try_acquire("orders:2", holder="bob") is None
+        assert locks.check_token("orders:2", lease.token)
+        expiry = Lock.objects.get(name="orders:2").expires_at
+        assert expiry - first_expiry > timedelta(seconds=1.2), (first_expiry, expiry)
+        assert not lease.lost
+        assert stuck.held  # not given up before its own deadline
+    finally:
+        blocker.join(10)
+    # Tried again, "orders:1" is renewed once the row is free.
+    renewed = stuck.expires_at
+    assert wait_for(lambda: stuck.expires_at > renewed and not stuck.lost, 1.2)
+    assert locks.check_token("orders:1", stuck.token)
+    stuck.release()
+    lease.release()
+
+
 def _renew_in_thread(lease: locks.Lease) -> tuple[threading.Thread, list[BaseException]]:
     """The holder's own ``lease.renew()``, run in a thread of its own; its errors kept."""
     errors: list[BaseException] = []
