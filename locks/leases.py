@@ -430,10 +430,18 @@ class Lease:
         """
         self._unwatched = True
 
-    def _mark_lost(self) -> None:
+    def _mark_lost(self, *, if_over: bool = False) -> bool:
+        """Mark a held lease lost; True if this did.
+
+        ``if_over``: only if its local deadline passed, looked at under the state's lock, so
+        that a renewal of its holder's that got through meanwhile (and moved the deadline
+        under that lock) keeps it.
+        """
         with self._state_lock:
-            if self._state == HELD:
-                self._state = LOST
+            if self._state != HELD or (if_over and time.monotonic() < self._local_deadline):
+                return False
+            self._state = LOST
+            return True
 
     def _refuse_if_over(self) -> None:
         if self._state == RELEASED:
@@ -509,8 +517,13 @@ class Lease:
                 raise self._lost_error("it expired, was taken over, broken or reaped")
             self.expires_at = expires_at
             deadline = started + seconds - _shortfall(self.using)
-            self._local_deadline = max(self._local_deadline, deadline)
-            if self._state == LOST:
+            with self._state_lock:
+                # Under the lock of the watchdog's look at the deadline (_mark_lost): it
+                # gives the lease up before the deadline moves, and this renewal sees it
+                # lost, or not at all.
+                self._local_deadline = max(self._local_deadline, deadline)
+                given_up = self._state == LOST
+            if given_up:
                 # The watchdog gave the lease up while this renewal waited (it was no longer
                 # surely ours), and renews it no more; whoever saw it lost may have acted on
                 # that already. It stays lost, and the caller learns it now.

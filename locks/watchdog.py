@@ -142,15 +142,16 @@ class Watchdog:
             # lease is no longer surely ours, give it up as if a renewal of our own had
             # waited that long (the holder's renewal raises when it ends).
             remaining = lease._local_deadline - time.monotonic()
-            if remaining <= 0:
-                lease._mark_lost()
+            if remaining > 0:
+                self.watch(lease, min(self.BUSY_SECONDS, remaining))
+                return
+            if lease._mark_lost(if_over=True):
                 logger.warning(
                     "auto-renew: lease %r lost, its holder's own renewal outlasted it",
                     lease.name,
                 )
                 return
-            self.watch(lease, min(self.BUSY_SECONDS, remaining))
-            return
+            # The holder's renewal got through (or the lease was released) meanwhile.
         if lease.held and not lease._unwatched:
             try:
                 delay = lease._renew_interval()

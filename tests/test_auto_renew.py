@@ -277,6 +277,31 @@ def test_a_holders_own_renewal_that_ends_after_the_lease_was_given_up_raises_loc
     assert lease.lost
 
 
+def test_a_holders_renewal_that_gets_through_as_the_watchdog_gives_up_keeps_the_lease() -> None:
+    # The watchdog finds the lease past its deadline, busy with its holder's renewal; that
+    # renewal gets through before the watchdog marks the lease lost. The holder was told
+    # the lease is renewed, so it must not be marked lost behind its back (with nothing
+    # renewing it any more) on the strength of the deadline the renewal has just moved.
+    lease = locks.acquire("orders:1", ttl=3, auto_renew=True)  # the watchdog's due at 1 s
+    lease._local_deadline = time.monotonic() + 0.5  # as if the acquire's answer came late
+    blocker = hold_write_lock("orders:1", 1.5)
+    renewing, errors = _renew_in_thread(lease)
+    mark_lost = lease._mark_lost
+
+    def mark_lost_once_renewed(*args: object, **kwargs: bool) -> bool:
+        renewing.join(10)  # the holder's renewal ends first
+        return mark_lost(*args, **kwargs)
+
+    lease._mark_lost = mark_lost_once_renewed  # type: ignore[method-assign]
+    blocker.join(10)
+    renewing.join(10)
+    assert errors == []
+    time.sleep(0.3)  # the watchdog, past its look at 1 s, has made up its mind
+    assert lease.held and not lease.lost
+    assert locks.check_token("orders:1", lease.token)
+    lease.release()
+
+
 def test_a_lease_watched_while_an_idle_watchdog_ends_is_still_renewed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
