@@ -113,8 +113,9 @@ class Watchdog:
         return max(due, time.monotonic() + self.MIN_WAIT_SECONDS)
 
     def _renew(self, lease: Lease) -> None:
+        wait_until = self._others_due()
         try:
-            renewed = lease._renew(lease.ttl, by_watchdog=True, wait_until=self._others_due())
+            renewed = lease._renew(lease.ttl, by_watchdog=True, wait_until=wait_until)
         except LockLost as exc:
             lease._mark_lost()
             logger.warning("auto-renew: lease %r lost: %s", lease.name, exc)
@@ -132,7 +133,12 @@ class Watchdog:
                     "auto-renew: lease %r lost, renewal kept failing: %s", lease.name, exc
                 )
                 return
-            logger.warning("auto-renew of %r failed, retrying: %s", lease.name, exc)
+            if wait_until <= time.monotonic() < lease._local_deadline:
+                # Cut short for the leases due next (its row busy, most likely): no failure
+                # of the database's, and the lease is lost, with a warning, if it lasts.
+                logger.debug("auto-renew of %r cut short, retrying: %s", lease.name, exc)
+            else:
+                logger.warning("auto-renew of %r failed, retrying: %s", lease.name, exc)
             self.watch(lease, min(1.0, remaining / 4))
             return
         if not renewed and lease.held and not lease._unwatched:

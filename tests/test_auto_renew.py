@@ -167,10 +167,11 @@ def test_a_renewal_that_waits_for_the_lock_row_gives_the_lease_up_at_its_deadlin
 
 
 def test_a_renewal_that_waits_for_the_lock_row_does_not_hold_up_a_lease_due_sooner(
-    backend: str,
+    backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     if backend == "sqlite":
         pytest.skip("a lock row of its own to hold: SQLite's only lock is the file's")
+    caplog.set_level(logging.WARNING, logger="locks")
     stuck = locks.acquire("orders:1", ttl=4, auto_renew=True)  # due at 1.3 s, ours until 4 s
     lease = locks.acquire("orders:2", ttl=0.6, auto_renew=True)  # every 0.2 s
     first_expiry = lease.expires_at
@@ -191,6 +192,9 @@ def test_a_renewal_that_waits_for_the_lock_row_does_not_hold_up_a_lease_due_soon
     renewed = stuck.expires_at
     assert wait_for(lambda: stuck.expires_at > renewed and not stuck.lost, 1.2)
     assert locks.check_token("orders:1", stuck.token)
+    # Its renewals cut short and tried again are the watchdog's doing, not a failure: a row
+    # busy for a while, as before, warns of nothing unless the lease is lost.
+    assert caplog.records == []
     stuck.release()
     lease.release()
 
