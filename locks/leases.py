@@ -469,7 +469,9 @@ class Lease:
     def renew(self, ttl: float | timedelta | None = None) -> None:
         """Extend the lease to at least ``ttl`` (default: its own TTL) from now.
 
-        Raises ``LockLost`` if it expired, was taken over, broken or reaped.
+        Raises ``LockLost`` if it expired, was taken over, broken or reaped, or if the
+        auto-renew watchdog gave it up while this renewal waited (past the time it was
+        surely held; it stays lost then, even if the renewal got through).
 
         Example::
 

@@ -270,14 +270,15 @@ def test_a_holders_own_renewal_that_ends_after_the_lease_was_given_up_raises_loc
     # have it go on with a lease that nothing renews any more.
     lease = locks.acquire("orders:1", ttl=3, auto_renew=True)  # the watchdog's due at 1 s
     lease._local_deadline = time.monotonic() + 0.5  # as if the acquire's answer came late
-    blocker = hold_write_lock("orders:1", 1.5)
+    blocker = hold_write_lock("orders:1", 2.0)
     renewing, errors = _renew_in_thread(lease)
     try:
-        assert wait_for(lambda: lease.lost, 1.3)
+        assert wait_for(lambda: lease.lost, 1.8)
     finally:
         blocker.join(10)
         renewing.join(10)
     assert len(errors) == 1 and isinstance(errors[0], locks.LockLost), errors
+    assert "given up while this renewal waited" in str(errors[0])  # it got through
     assert lease.lost
 
 
