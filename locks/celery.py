@@ -122,6 +122,14 @@ def _carried(options: Mapping[str, Any], link: Any, link_error: Any) -> str:
             # self.replace() sends its replacement under the replaced run's task id, the
             # one its caller waits on (a retry of the replacement carries the mark too).
             (options.get("replaced_task_nesting"), "the result of the task it replaces"),
+            # self.retry() sends its run again under the run's task id, with the key header
+            # the run came with: its caller waits on that id, which another run cannot
+            # answer. (A replacement under the same key sends the header too; said above.)
+            (
+                KEY_HEADER in (options.get("headers") or {})
+                and not options.get("replaced_task_nesting"),
+                "the retry of its run",
+            ),
             (link, "its link callbacks"),
             (link_error, "its link_error callbacks"),
         )
@@ -289,9 +297,9 @@ class SingletonTask(Task[..., Any]):
         ttl = min(ttl + _delay(options, self.app.timezone), validation.MAX_TTL)
         # The first task of a chain carries the rest of it, a chord's header task the
         # chord's body (which runs once every header task has reported), and a task its
-        # link= and link_error= callbacks; a group's task, a chain's last one and a
-        # replacement (self.replace) have ids their group's or chain's or the replaced
-        # run's result waits for. Not enqueued, it would drop them
+        # link= and link_error= callbacks; a group's task, a chain's last one, a
+        # replacement (self.replace) and a retry have ids their group's or chain's or the
+        # replaced or retried run's result waits for. Not enqueued, it would drop them
         # unsent or leave that result waiting, while the caller waits for ever.
         # Another task id's queued run stands for this run, not for what it carries: raise.
         dropped = _carried(options, link, link_error)
@@ -406,6 +414,12 @@ class SingletonTask(Task[..., Any]):
             retrying = True  # the retry is queued under the same task id: keep the lock
             raise
         except Reject as exc:
+            refused = getattr(exc, "reason", None)  # not in the type stubs
+            if isinstance(refused, DuplicateTask):
+                # self.retry() wraps an error of its re-send in Reject(requeue=False), which
+                # Celery records as the Reject, not as the error; the retry was refused as a
+                # duplicate (another run took the key): the run fails with DuplicateTask.
+                raise refused from None
             # Rejected with requeue, the message goes back to the queue under the same task
             # id, as a retry does: keep the lock. Only an unacknowledged message can go
             # back, so only with acks_late (others were acknowledged when the run began),

@@ -65,6 +65,41 @@ def retry_then_fail(self: SingletonTask, label: str) -> None:
     raise self.retry(exc=RuntimeError(f"task {label} gave up"))
 
 
+def _retry_after_gate(task: Any, label: str, gate: str) -> str:
+    """Record a run; a first one with a gate waits for it (its 2 s lease may run out
+    meanwhile) and then asks for a retry, which records and returns."""
+    _record(task, label)
+    if task.request.retries or not gate:
+        return label
+    _wait_for(gate)
+    raise task.retry(countdown=0)
+
+
+@shared_task(
+    bind=True,
+    base=SingletonTask,
+    name="tests.retry_after_gate",
+    lock_key="retry-after-gate:{label}",
+    lock_ttl=2.0,
+)
+def retry_after_gate(self: SingletonTask, label: str, gate: str = "") -> str:
+    """See :func:`_retry_after_gate`; duplicates get the queued run's result."""
+    return _retry_after_gate(self, label, gate)
+
+
+@shared_task(
+    bind=True,
+    base=SingletonTask,
+    name="tests.retry_after_gate_or_raise",
+    lock_key="retry-after-gate:{label}",
+    lock_ttl=2.0,
+    on_duplicate="raise",
+)
+def retry_after_gate_or_raise(self: SingletonTask, label: str, gate: str = "") -> str:
+    """See :func:`_retry_after_gate`; duplicates raise."""
+    return _retry_after_gate(self, label, gate)
+
+
 @shared_task(bind=True, base=SingletonTask, name="tests.hang", lock_ttl=2.0)
 def hang(self: SingletonTask, label: str, gate: str) -> None:
     """Record a run and wait for the gate (the test kills the worker process meanwhile)."""

@@ -601,6 +601,37 @@ def test_a_run_replaced_by_a_duplicate_fails_instead_of_leaving_its_result_waiti
     assert results_worker.received("tests.record").count(held.first.id) == 1
 
 
+@pytest.mark.parametrize(
+    "name", ["tests.retry_after_gate", "tests.retry_after_gate_or_raise"], ids=["return", "raise"]
+)
+def test_a_retry_whose_key_another_run_took_fails_instead_of_leaving_its_result_waiting(
+    results_worker: Worker, tmp_path: Path, name: str
+) -> None:
+    # A run that outlived its lease (no auto-renew) and then retries finds its key taken
+    # by another run. Its retry goes out under its own task id, which its caller waits on:
+    # another run's result cannot stand for it, nor can the retry be sent beside that run.
+    # The run fails with DuplicateTask in either mode, and its caller is told.
+    task, gate = singleton(results_worker.app, name), tmp_path / "gate"
+    label = f"retry-taken-{name}"
+    key = task.lock_name((label,))
+    first = task.delay(label, str(gate))
+    wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).exists(), what="the run")
+    wait_until(lambda: not locks.is_locked(key), timeout=30, what="its lease to run out")
+    # Queued for a few seconds, so its lease (2 s + the countdown) outlasts the retry.
+    other = task.apply_async((label,), countdown=4)
+    assert other.id != first.id
+    gate.touch()
+    refused = rf"running as {other.id} .*; not sent either: the retry of its run"
+    with pytest.raises(locks.DuplicateTask, match=refused):
+        first.get(timeout=30)
+    assert first.state == "FAILURE"
+    assert other.get(timeout=30) == label
+    assert sorted(CeleryRun.objects.filter(label=label).values_list("task_id", "retries")) == (
+        sorted([(first.id, 0), (other.id, 0)])
+    )
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+
+
 def test_a_chain_of_one_duplicate_task_is_answered_as_the_task_alone_is(
     results_worker: Worker, tmp_path: Path
 ) -> None:
