@@ -435,9 +435,9 @@ class SingletonTask(Task[..., Any]):
             elif lease.held or lease.lost:
                 # (Not when on_replace released it before another replacement went out: a
                 # second release raises, and that error would fail the replaced run.)
-                _release_quietly(
-                    lease, f"task {self.name}[{request.id}] ended", entirely=True, gone_ok=True
-                )
+                # Found gone, the run outlived its lease (lock_ttl without auto-renew, or
+                # renewals that failed) and was not protected to its end: a WARNING.
+                _release_quietly(lease, f"task {self.name}[{request.id}] ended", entirely=True)
 
     def on_replace(self, sig: Any) -> Any:
         """Replaced (``self.replace(...)``) by a run of this task with the same key, the run

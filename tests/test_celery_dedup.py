@@ -632,6 +632,31 @@ def test_a_retry_whose_key_another_run_took_fails_instead_of_leaving_its_result_
     wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
+def test_a_run_that_outlived_its_lease_logs_a_warning_when_it_ends(
+    results_worker: Worker, tmp_path: Path
+) -> None:
+    # A run longer than lock_ttl (without auto-renew) was not protected to its end: a
+    # duplicate ran beside it. Its end finds the lease gone; the user must hear of it.
+    worker, gate = results_worker, tmp_path / "gate"
+    hang = singleton(worker.app, "tests.hang")
+    key = hang.lock_name(("outlived", str(gate)))
+    first = hang.delay("outlived", str(gate))
+    wait_until(lambda: CeleryRun.objects.filter(task_id=first.id).exists(), what="the run")
+    wait_until(lambda: not locks.is_locked(key), timeout=30, what="its lease to run out")
+    second = hang.delay("outlived", str(gate))
+    assert second.id != first.id
+    wait_until(lambda: CeleryRun.objects.filter(task_id=second.id).exists(), what="the other")
+    gate.touch()
+    assert (first.get(timeout=30), second.get(timeout=30)) == (None, None)
+    warned = re.compile(
+        rf"WARNING/\S+\] task tests\.hang\[{first.id}\] ended, but lock "
+        rf"{re.escape(repr(key))} was no longer its own: .*taken over"
+    )
+    wait_until(lambda: warned.search(worker.process.text()), what="the warning")
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+    assert f"tests.hang[{second.id}] ended, but" not in worker.process.text()
+
+
 def test_a_chain_of_one_duplicate_task_is_answered_as_the_task_alone_is(
     results_worker: Worker, tmp_path: Path
 ) -> None:
