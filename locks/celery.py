@@ -414,12 +414,6 @@ class SingletonTask(Task[..., Any]):
             retrying = True  # the retry is queued under the same task id: keep the lock
             raise
         except Reject as exc:
-            refused = getattr(exc, "reason", None)  # not in the type stubs
-            if isinstance(refused, DuplicateTask):
-                # self.retry() wraps an error of its re-send in Reject(requeue=False), which
-                # Celery records as the Reject, not as the error; the retry was refused as a
-                # duplicate (another run took the key): the run fails with DuplicateTask.
-                raise refused from None
             # Rejected with requeue, the message goes back to the queue under the same task
             # id, as a retry does: keep the lock. Only an unacknowledged message can go
             # back, so only with acks_late (others were acknowledged when the run began),
@@ -438,6 +432,27 @@ class SingletonTask(Task[..., Any]):
                 # Found gone, the run outlived its lease (lock_ttl without auto-renew, or
                 # renewals that failed) and was not protected to its end: a WARNING.
                 _release_quietly(lease, f"task {self.name}[{request.id}] ended", entirely=True)
+
+    def retry(self, *args: Any, **kwargs: Any) -> Retry:
+        """``Task.retry``; a retry refused as a duplicate (another run took the key while
+        this one outlived its lease) raises :class:`~locks.DuplicateTask`, and the run
+        fails with it.
+
+        Celery wraps any error of the retry's re-send in ``Reject(requeue=False)``, which
+        it records as the Reject, not as the error. Only this Reject is unwrapped: one the
+        run raises itself, whatever its reason, stays the run's Reject.
+
+        Example::
+
+            raise self.retry(countdown=60)
+        """
+        try:
+            return super().retry(*args, **kwargs)
+        except Reject as exc:
+            refused = getattr(exc, "reason", None)  # not in the type stubs
+            if isinstance(refused, DuplicateTask):
+                raise refused from None
+            raise
 
     def on_replace(self, sig: Any) -> Any:
         """Replaced (``self.replace(...)``) by a run of this task with the same key, the run

@@ -512,6 +512,38 @@ def test_a_run_rejected_with_requeue_keeps_its_key_like_a_retry(
     assert queued(app) == (2 if not kept else 1)
 
 
+@pytest.mark.parametrize(("requeue", "kept"), [(True, True), (False, False)], ids=str)
+def test_a_run_that_rejects_with_another_tasks_duplicate_as_reason_is_rejected(
+    app: Celery, requeue: bool, kept: bool
+) -> None:
+    # A run may give its turn back when a task it sends is queued already, with that
+    # DuplicateTask as the Reject's reason. Only a retry's refused re-send is the run's own
+    # DuplicateTask; this Reject must stay one (requeued with acks_late, its key kept).
+    other = make_task(app, "t.other-queued", on_duplicate="raise")
+    other.delay(7)
+
+    def body(n: int) -> None:
+        try:
+            other.delay(7)
+        except locks.DuplicateTask as exc:
+            raise Reject(exc, requeue=requeue) from exc
+
+    decorate: Any = app.task
+    task = decorate(base=SingletonTask, name="t.reject-dup", shared=False, acks_late=True)(body)
+    first = task.delay(1)
+    key = task.lock_name((1,))
+    # As the worker runs that message: its task id, its key header.
+    task.push_request(id=first.id, args=(1,), kwargs={}, headers={KEY_HEADER: key})
+    task.request.called_directly = False
+    try:
+        with pytest.raises(Reject) as rejected:
+            task(1)
+    finally:
+        task.pop_request()
+    assert isinstance(getattr(rejected.value, "reason", None), locks.DuplicateTask)
+    assert locks.is_locked(key) is kept
+
+
 @pytest.mark.parametrize(
     "url", ["redis://127.0.0.1:1/0", "amqp://guest:guest@127.0.0.1:1//"], ids=["redis", "amqp"]
 )
