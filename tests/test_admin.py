@@ -83,7 +83,8 @@ def test_name_and_holder_columns_have_their_headers_and_sort(superuser: Client) 
     for column, index, label in [("name", 1, "Name"), ("holder", 2, "Holder")]:
         header = rf'<th scope="col" class="sortable column-{column}">.*?</th>'
         [found] = re.findall(header, page, re.S)
-        assert re.search(rf'<a href="\?o={index}\.[-.\d]*">{label}</a>', found), found
+        # (Django 6 gives the link role="button" too.)
+        assert re.search(rf'<a [^>]*href="\?o={index}\.[-.\d]*">{label}</a>', found), found
     by_name = superuser.get(CHANGELIST + "?o=1").content.decode()
     assert cells(by_name, "name") == ["jobs:a", "jobs:b", "jobs:c"]
     by_holder = superuser.get(CHANGELIST + "?o=-2").content.decode()
