@@ -127,20 +127,24 @@ class Watchdog:
             # it the renewals of every other lease. Keep trying while the lease may still
             # be ours; give up once it surely is not.
             remaining = lease._local_deadline - time.monotonic()
-            if remaining <= 0:
-                lease._mark_lost()
+            if remaining > 0:
+                if wait_until <= time.monotonic():
+                    # Cut short for the leases due next (its row busy, most likely): no
+                    # failure of the database's, and the lease is lost, with a warning, if
+                    # it lasts.
+                    logger.debug("auto-renew of %r cut short, retrying: %s", lease.name, exc)
+                else:
+                    logger.warning("auto-renew of %r failed, retrying: %s", lease.name, exc)
+                self.watch(lease, min(1.0, remaining / 4))
+                return
+            # Looked at again under the lease's state lock: its holder's own renewal may
+            # have got through since ours failed (the lease then goes on as renewed).
+            if lease._mark_lost(if_over=True):
                 logger.warning(
                     "auto-renew: lease %r lost, renewal kept failing: %s", lease.name, exc
                 )
                 return
-            if wait_until <= time.monotonic() < lease._local_deadline:
-                # Cut short for the leases due next (its row busy, most likely): no failure
-                # of the database's, and the lease is lost, with a warning, if it lasts.
-                logger.debug("auto-renew of %r cut short, retrying: %s", lease.name, exc)
-            else:
-                logger.warning("auto-renew of %r failed, retrying: %s", lease.name, exc)
-            self.watch(lease, min(1.0, remaining / 4))
-            return
+            renewed = True
         if not renewed and lease.held and not lease._unwatched:
             # The holder's own renewal is under way, and may wait long (for the lock row,
             # for a server that does not answer): waiting for it here would leave every

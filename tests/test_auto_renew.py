@@ -307,6 +307,42 @@ def test_a_holders_renewal_that_gets_through_as_the_watchdog_gives_up_keeps_the_
     lease.release()
 
 
+def test_a_holders_renewal_that_gets_through_as_a_failed_renewal_gives_up_keeps_the_lease(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The watchdog's own renewal fails past the lease's deadline (its row held by another
+    # transaction); before the watchdog marks the lease lost, the holder's renewal gets
+    # through. The holder was told the lease is renewed: it must stay held, and renewed.
+    lease = locks.acquire("orders:1", ttl=2, auto_renew=True)  # the watchdog's due at 0.67 s
+    lease._local_deadline = time.monotonic() + 0.3  # as if the acquire's answer came late
+    blocker = hold_write_lock("orders:1", 1.0)
+    mark_lost = lease._mark_lost
+    renewals: list[tuple[threading.Thread, list[BaseException]]] = []
+
+    def mark_lost_once_renewed(*args: object, **kwargs: bool) -> bool:
+        blocker.join(10)
+        renewing, errors = _renew_in_thread(lease)  # the holder's renewal ends first
+        renewing.join(10)
+        renewals.append((renewing, errors))
+        return mark_lost(*args, **kwargs)
+
+    lease._mark_lost = mark_lost_once_renewed  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="locks.watchdog"):
+        blocker.join(10)
+        assert wait_for(lambda: bool(renewals), 5)
+        renewing, errors = renewals[0]
+        renewing.join(10)
+        assert errors == []
+        time.sleep(0.3)  # the watchdog has made up its mind
+        assert lease.held and not lease.lost
+        # Renewed by the holder until about 3 s from the start; held later only if the
+        # watchdog still renews it.
+        time.sleep(2.6)
+        assert locks.check_token("orders:1", lease.token)
+    assert not [r for r in caplog.records if "lost" in r.getMessage()]
+    lease.release()
+
+
 def test_a_lease_watched_while_an_idle_watchdog_ends_is_still_renewed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
