@@ -143,7 +143,8 @@ class FencedQuerySet(models.QuerySet[_F]):
         token, nothing is changed and ``StaleToken`` is raised. Rows written with the
         same token may be written again. Returns the number of rows updated. Runs in
         one transaction (a savepoint inside an outer one). As Django's ``update()``, it
-        refuses a ``union()`` queryset (``NotSupportedError``).
+        refuses a ``union()`` queryset (``NotSupportedError``), and, as Django 6.1's, one
+        after ``distinct(*fields)`` (``TypeError``).
 
         Example::
 
@@ -156,6 +157,11 @@ class FencedQuerySet(models.QuerySet[_F]):
         if self.query.is_sliced:
             raise TypeError("fenced_update() cannot run on a sliced queryset")
         _refuse_combined(self, "fenced_update")
+        if self.query.distinct_fields:
+            # As Django's update() from 6.1 on, on every Django: the update would take every
+            # row of the filter, not one row of each distinct value (older Djangos quietly
+            # ignored the distinct fields).
+            raise TypeError("fenced_update() cannot run after distinct(*fields)")
         # The database update() would write to.
         using = cast(Any, self)._db or router.db_for_write(self.model)
         owner = _fence_owner(self.model)
