@@ -85,20 +85,25 @@ def _batches(ids: list[Any], using: str, reserve: int) -> Iterator[list[Any]]:
         yield ids[start : start + size]
 
 
-def _refuse_combined(queryset: models.QuerySet[Any], method: str) -> None:
-    """Raise ``NotSupportedError`` for a union(), intersection() or difference() queryset.
+def _refuse_unwritable(queryset: models.QuerySet[Any], method: str) -> None:
+    """Raise ``NotSupportedError`` for a union(), intersection() or difference() queryset,
+    and ``TypeError`` for one after ``distinct(*fields)``.
 
-    As Django's update() and delete() do: the rows of such a queryset are not rows of one
-    table to write.
+    As Django's update() and delete() do: the rows of a combined queryset are not rows of
+    one table to write; and after ``distinct(*fields)`` the claim would take every row of
+    the filter, not one row of each distinct value (Django's delete() refuses it, and its
+    update() from 6.1 on; older ones quietly ignored the fields: refused on every Django).
 
     Example::
 
-        _refuse_combined(Account.objects.union(Account.objects.all()), "fenced_update")
+        _refuse_unwritable(Account.objects.union(Account.objects.all()), "fenced_update")
     """
     if queryset.query.combinator:
         raise NotSupportedError(
             f"{method}() cannot run after {queryset.query.combinator}(); nothing was written"
         )
+    if queryset.query.distinct_fields:
+        raise TypeError(f"{method}() cannot run after distinct(*fields)")
 
 
 def _refuse_newer(rows: models.QuerySet[Any], token: int, model: type[models.Model]) -> None:
@@ -156,12 +161,7 @@ class FencedQuerySet(models.QuerySet[_F]):
             raise TypeError(f"fenced_update() sets {FENCE!r} itself, to the token; do not pass it")
         if self.query.is_sliced:
             raise TypeError("fenced_update() cannot run on a sliced queryset")
-        _refuse_combined(self, "fenced_update")
-        if self.query.distinct_fields:
-            # As Django's update() from 6.1 on, on every Django: the update would take every
-            # row of the filter, not one row of each distinct value (older Djangos quietly
-            # ignored the distinct fields).
-            raise TypeError("fenced_update() cannot run after distinct(*fields)")
+        _refuse_unwritable(self, "fenced_update")
         # The database update() would write to.
         using = cast(Any, self)._db or router.db_for_write(self.model)
         owner = _fence_owner(self.model)
@@ -214,11 +214,7 @@ class FencedQuerySet(models.QuerySet[_F]):
         if cast(Any, self)._fields is not None:
             # As Django's delete(): the ids and the cascade need model rows.
             raise TypeError("fenced_delete() cannot run after values() or values_list()")
-        _refuse_combined(self, "fenced_delete")
-        if self.query.distinct_fields:
-            # As Django's delete(): the claim would take every row of the filter, the
-            # delete only one row of each distinct value.
-            raise TypeError("fenced_delete() cannot run after distinct(*fields)")
+        _refuse_unwritable(self, "fenced_delete")
         using = cast(Any, self)._db or router.db_for_write(self.model)
         with transaction.atomic(using=using):
             key = _fence_id(self.model)
