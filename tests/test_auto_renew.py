@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -106,22 +107,28 @@ def test_a_release_that_fails_stops_the_renewals_and_the_lease_runs_out(backend:
     assert wait_for(lambda: not locks.is_locked("orders:1"), 5)
 
 
+def _start_in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[BaseException]]:
+    """``call()`` run in a thread of its own, started; the errors it raises kept."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errors
+
+
 def test_a_release_that_races_a_due_renewal_stops_no_other_renewals() -> None:
     other = locks.acquire("orders:2", ttl=3, auto_renew=True)  # renewed every second
     lease = locks.acquire("orders:1", ttl=1.5, auto_renew=True)  # every 0.5 s
     # The release waits on the server for 1 s (less than the TTL); meanwhile a renewal
     # falls due and finds the lease still held, busy with the release.
     blocker = hold_write_lock("orders:1", 1.0)
-    errors: list[BaseException] = []
-
-    def release() -> None:
-        try:
-            lease.release()
-        except BaseException as exc:
-            errors.append(exc)
-
-    releasing = threading.Thread(target=release)
-    releasing.start()
+    releasing, errors = _start_in_thread(lease.release)
     blocker.join(10)
     releasing.join(10)
     assert errors == []
@@ -199,21 +206,6 @@ def test_a_renewal_that_waits_for_the_lock_row_does_not_hold_up_a_lease_due_soon
     lease.release()
 
 
-def _renew_in_thread(lease: locks.Lease) -> tuple[threading.Thread, list[BaseException]]:
-    """The holder's own ``lease.renew()``, run in a thread of its own; its errors kept."""
-    errors: list[BaseException] = []
-
-    def renew() -> None:
-        try:
-            lease.renew()
-        except BaseException as exc:
-            errors.append(exc)
-
-    renewing = threading.Thread(target=renew)
-    renewing.start()
-    return renewing, errors
-
-
 def test_a_holders_own_renewal_that_waits_does_not_hold_up_the_other_leases(
     backend: str,
 ) -> None:
@@ -225,7 +217,7 @@ def test_a_holders_own_renewal_that_waits_does_not_hold_up_the_other_leases(
     # The holder renews "orders:1" itself while a transaction holds its row: the renewal
     # waits about 2 s, through the watchdog's own renewal of it falling due.
     blocker = hold_write_lock("orders:1", 2.0)
-    renewing, errors = _renew_in_thread(stuck)
+    renewing, errors = _start_in_thread(stuck.renew)
     time.sleep(1.8)
     try:
         # The other lease went on being renewed, in the database, past its first expiry.
@@ -253,7 +245,7 @@ def test_a_holders_own_renewal_that_outlasts_the_lease_has_it_reported_lost_at_i
     # must not leave the lease shown held past the time it is surely ours.
     lease = locks.acquire("orders:1", ttl=1, auto_renew=True)
     blocker = hold_write_lock("orders:1", 3.0)
-    renewing, errors = _renew_in_thread(lease)
+    renewing, errors = _start_in_thread(lease.renew)
     try:
         assert wait_for(lambda: lease.lost, 1.8)
         assert renewing.is_alive()  # still waiting
@@ -271,7 +263,7 @@ def test_a_holders_own_renewal_that_ends_after_the_lease_was_given_up_raises_loc
     lease = locks.acquire("orders:1", ttl=3, auto_renew=True)  # the watchdog's due at 1 s
     lease._local_deadline = time.monotonic() + 0.5  # as if the acquire's answer came late
     blocker = hold_write_lock("orders:1", 2.0)
-    renewing, errors = _renew_in_thread(lease)
+    renewing, errors = _start_in_thread(lease.renew)
     try:
         assert wait_for(lambda: lease.lost, 1.8)
     finally:
@@ -290,7 +282,7 @@ def test_a_holders_renewal_that_gets_through_as_the_watchdog_gives_up_keeps_the_
     lease = locks.acquire("orders:1", ttl=3, auto_renew=True)  # the watchdog's due at 1 s
     lease._local_deadline = time.monotonic() + 0.5  # as if the acquire's answer came late
     blocker = hold_write_lock("orders:1", 1.5)
-    renewing, errors = _renew_in_thread(lease)
+    renewing, errors = _start_in_thread(lease.renew)
     mark_lost = lease._mark_lost
 
     def mark_lost_once_renewed(*args: object, **kwargs: bool) -> bool:
@@ -321,7 +313,7 @@ def test_a_holders_renewal_that_gets_through_as_a_failed_renewal_gives_up_keeps_
 
     def mark_lost_once_renewed(*args: object, **kwargs: bool) -> bool:
         blocker.join(10)
-        renewing, errors = _renew_in_thread(lease)  # the holder's renewal ends first
+        renewing, errors = _start_in_thread(lease.renew)  # the holder's renewal ends first
         renewing.join(10)
         renewals.append((renewing, errors))
         return mark_lost(*args, **kwargs)

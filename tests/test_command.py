@@ -300,13 +300,16 @@ def test_a_database_without_the_lock_table_says_to_migrate_and_exits_3(args: lis
     assert Lock.objects.get().holder == "worker"
 
 
-def manage(*args: str) -> subprocess.CompletedProcess[str]:
+def manage(*args: str, stdout: int = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    """Run ``manage.py locks ARGS``; its output captured, or into the file descriptor
+    ``stdout``."""
     return subprocess.run(
         [sys.executable, "manage.py", "locks", *args],
         cwd=ROOT,
         env=worker_env(),
         stdin=subprocess.DEVNULL,
-        capture_output=True,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
         text=True,
         timeout=120,
     )
@@ -399,16 +402,7 @@ def manage_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
     reader, writer = os.pipe()
     os.close(reader)
     try:
-        return subprocess.run(
-            [sys.executable, "manage.py", "locks", *args],
-            cwd=ROOT,
-            env=worker_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=writer,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=120,
-        )
+        return manage(*args, stdout=writer)
     finally:
         os.close(writer)
 
