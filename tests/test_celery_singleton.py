@@ -8,6 +8,7 @@ import pickle
 import signal
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -425,21 +426,25 @@ def test_a_run_held_back_by_countdown_or_eta_keeps_its_key_until_it_may_start(
     assert queued(app) == 1
 
 
-def run_in_process(task: SingletonTask, *args: Any) -> None:
-    """Run ``task`` here as a worker would: a request with an id and the key header."""
-    task.push_request(
-        id=f"run-{time.monotonic_ns()}",
-        args=args,
-        kwargs={},
-        headers={KEY_HEADER: task.lock_name(args)},
-    )
+@contextmanager
+def as_message(
+    task: SingletonTask, task_id: str, args: tuple[Any, ...], key: str | None = None
+) -> Iterator[None]:
+    """Within it, ``task`` called here runs as a worker runs the message ``task_id``: a
+    request with that id, ``args`` and the key header (``args``' key unless ``key``)."""
+    header = task.lock_name(args) if key is None else key
+    task.push_request(id=task_id, args=args, kwargs={}, headers={KEY_HEADER: header})
     task.request.called_directly = False
     try:
-        task(*args)
-    except (Retry, OperationalError):
-        pass
+        yield
     finally:
         task.pop_request()
+
+
+def run_in_process(task: SingletonTask, *args: Any) -> None:
+    """Run ``task`` here as a worker would: a request with an id and the key header."""
+    with as_message(task, f"run-{time.monotonic_ns()}", args), suppress(Retry, OperationalError):
+        task(*args)
 
 
 def test_a_retry_stops_the_auto_renewal_of_the_runs_lease(app: Celery) -> None:
@@ -492,14 +497,8 @@ def test_a_run_rejected_with_requeue_keeps_its_key_like_a_retry(
     )(body)
     first = task.delay(1)
     key = task.lock_name((1,))
-    # As the worker runs that message: its task id, its key header.
-    task.push_request(id=first.id, args=(1,), kwargs={}, headers={KEY_HEADER: key})
-    task.request.called_directly = False
-    try:
-        with pytest.raises(Reject):
-            task(1)
-    finally:
-        task.pop_request()
+    with as_message(task, first.id, (1,)), pytest.raises(Reject):
+        task(1)
     assert locks.is_locked(key) is kept
     if kept:
         assert task.delay(1).id == first.id  # a duplicate of the requeued message
@@ -532,14 +531,8 @@ def test_a_run_that_rejects_with_another_tasks_duplicate_as_reason_is_rejected(
     task = decorate(base=SingletonTask, name="t.reject-dup", shared=False, acks_late=True)(body)
     first = task.delay(1)
     key = task.lock_name((1,))
-    # As the worker runs that message: its task id, its key header.
-    task.push_request(id=first.id, args=(1,), kwargs={}, headers={KEY_HEADER: key})
-    task.request.called_directly = False
-    try:
-        with pytest.raises(Reject) as rejected:
-            task(1)
-    finally:
-        task.pop_request()
+    with as_message(task, first.id, (1,)), pytest.raises(Reject) as rejected:
+        task(1)
     assert isinstance(getattr(rejected.value, "reason", None), locks.DuplicateTask)
     assert locks.is_locked(key) is kept
 
@@ -630,12 +623,8 @@ def test_revoke_leaves_another_holders_lease_alone(app: Celery) -> None:
 
 def run_message(task: SingletonTask, task_id: str, *args: Any) -> None:
     """Run the message ``task_id`` of ``task`` here as a worker runs it: its id, its key."""
-    task.push_request(id=task_id, args=args, kwargs={}, headers={KEY_HEADER: task.lock_name(args)})
-    task.request.called_directly = False
-    try:
+    with as_message(task, task_id, args):
         task(*args)
-    finally:
-        task.pop_request()
 
 
 def assert_key_free_after_failed_run(task: SingletonTask, failed_id: str) -> None:
@@ -802,12 +791,8 @@ def test_a_run_holds_the_key_its_message_header_names_however_its_arguments_arri
     key = task.lock_name((when,))
     arrived = when.isoformat()
     assert task.lock_name((arrived,)) != key
-    task.push_request(id=sent.id, args=(arrived,), kwargs={}, headers={KEY_HEADER: key})
-    task.request.called_directly = False
-    try:
+    with as_message(task, sent.id, (arrived,), key=key):
         task(arrived)
-    finally:
-        task.pop_request()
     assert during == [[(key, sent.id, 2)]], "the run re-entered the enqueue's lease"
     assert not Lock.objects.exists()
 
@@ -823,13 +808,8 @@ def test_a_run_that_replaces_itself_keeps_its_key_taken_for_the_replacement(app:
     task = decorate(base=SingletonTask, name="t.replace-self", shared=False, bind=True)(body)
     sent = task.delay(1)
     key = task.lock_name((1,))
-    task.push_request(id=sent.id, args=(1,), kwargs={}, headers={KEY_HEADER: key})
-    task.request.called_directly = False
-    try:
-        with pytest.raises(Ignore):
-            task(1)
-    finally:
-        task.pop_request()
+    with as_message(task, sent.id, (1,)), pytest.raises(Ignore):
+        task(1)
     assert Lock.objects.get(name=key).holder == sent.id
     assert task.delay(1).id == sent.id, "a duplicate of the replacement"
     assert queued(app) == 2  # the first message (still unacknowledged here) and the replacement
