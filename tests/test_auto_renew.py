@@ -8,7 +8,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import DatabaseError, connections
@@ -173,6 +173,15 @@ def test_a_renewal_that_waits_for_the_lock_row_gives_the_lease_up_at_its_deadlin
         lease.renew()
 
 
+def _assert_renewed_past(lease: locks.Lease, first_expiry: datetime, by: timedelta) -> None:
+    """``lease`` is still held, and renewed in the database ``by`` past ``first_expiry``."""
+    assert locks.try_acquire(lease.name, holder="bob") is None
+    assert locks.check_token(lease.name, lease.token)
+    expiry = Lock.objects.get(name=lease.name).expires_at
+    assert expiry - first_expiry > by, (first_expiry, expiry)
+    assert not lease.lost
+
+
 def test_a_renewal_that_waits_for_the_lock_row_does_not_hold_up_a_lease_due_sooner(
     backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -187,11 +196,7 @@ def test_a_renewal_that_waits_for_the_lock_row_does_not_hold_up_a_lease_due_soon
     blocker = hold_write_lock("orders:1", 2.5)
     time.sleep(2.2)
     try:
-        assert locks.try_acquire("orders:2", holder="bob") is None
-        assert locks.check_token("orders:2", lease.token)
-        expiry = Lock.objects.get(name="orders:2").expires_at
-        assert expiry - first_expiry > timedelta(seconds=1.2), (first_expiry, expiry)
-        assert not lease.lost
+        _assert_renewed_past(lease, first_expiry, timedelta(seconds=1.2))
         assert stuck.held  # not given up before its own deadline
     finally:
         blocker.join(10)
@@ -221,11 +226,7 @@ def test_a_holders_own_renewal_that_waits_does_not_hold_up_the_other_leases(
     time.sleep(1.8)
     try:
         # The other lease went on being renewed, in the database, past its first expiry.
-        assert locks.try_acquire("orders:2", holder="bob") is None
-        assert locks.check_token("orders:2", lease.token)
-        expiry = Lock.objects.get(name="orders:2").expires_at
-        assert expiry - first_expiry > timedelta(seconds=1), (first_expiry, expiry)
-        assert not lease.lost
+        _assert_renewed_past(lease, first_expiry, timedelta(seconds=1))
     finally:
         blocker.join(10)
         renewing.join(10)
