@@ -552,6 +552,10 @@ def test_a_duplicate_errback_leaves_the_runs_own_failure_alone(
         )
         with pytest.raises(RuntimeError, match="failed on purpose"):
             failing.get(timeout=60)
+        # The worker stores the failure before it sends the errbacks, and logs it after:
+        # the held run must go on holding its key until the errback has been answered.
+        logged = f"Task tests.fail[{failing.id}] raised unexpected"
+        wait_until(lambda: logged in results_worker.process.text(), what="the errbacks sent")
     assert "DuplicateTask" not in results_worker.process.text()
 
 
