@@ -442,17 +442,26 @@ class SingletonTask(Task[..., Any]):
         it records as the Reject, not as the error. Only this Reject is unwrapped: one the
         run raises itself, whatever its reason, stays the run's Reject.
 
+        With ``throw=False`` the retry is queued and the run goes on: its end keeps the lease
+        for the retry, as when the Retry is raised.
+
         Example::
 
             raise self.retry(countdown=60)
         """
         try:
-            return super().retry(*args, **kwargs)
+            sent = super().retry(*args, **kwargs)
         except Reject as exc:
             refused = getattr(exc, "reason", None)  # not in the type stubs
             if isinstance(refused, DuplicateTask):
                 raise refused from None
             raise
+        request = self.request
+        # Returned, not raised (throw=False): the retry is queued under this run's task id.
+        # Eager, nothing was queued: apply() runs a retry again only when it is raised.
+        if getattr(request, _RUN_MARK, False) and not request.is_eager:
+            setattr(request, _HANDED_OVER, True)
+        return sent
 
     def on_replace(self, sig: Any) -> Any:
         """Replaced (``self.replace(...)``) by a run of this task with the same key, the run

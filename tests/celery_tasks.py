@@ -100,6 +100,17 @@ def retry_after_gate_or_raise(self: SingletonTask, label: str, gate: str = "") -
     return _retry_after_gate(self, label, gate)
 
 
+@shared_task(bind=True, base=SingletonTask, name="tests.retry_without_throw")
+def retry_without_throw(self: SingletonTask, label: str) -> str:
+    """Record a run; the first queues its retry (in 2 s) with ``throw=False`` and goes on."""
+    run = _record(self, label)
+    if not self.request.retries:
+        self.retry(countdown=2, throw=False)
+    run.finished = True
+    run.save(update_fields=["finished"])
+    return label
+
+
 @shared_task(bind=True, base=SingletonTask, name="tests.hang", lock_ttl=2.0)
 def hang(self: SingletonTask, label: str, gate: str) -> None:
     """Record a run and wait for the gate (the test kills the worker process meanwhile)."""

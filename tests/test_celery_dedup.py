@@ -636,6 +636,25 @@ def test_a_retry_whose_key_another_run_took_fails_instead_of_leaving_its_result_
     wait_until(lambda: not Lock.objects.exists(), what="every release")
 
 
+def test_a_run_that_goes_on_after_queuing_its_retry_leaves_the_key_to_the_retry(
+    results_worker: Worker,
+) -> None:
+    # self.retry(throw=False) queues the retry under the run's task id, and the run goes
+    # on to its end. The key stays the retry's: a duplicate sent while the retry waits
+    # gets its id, and is not queued beside it (the retry would then be skipped).
+    task, label = singleton(results_worker.app, "tests.retry_without_throw"), "no-throw"
+    first = task.delay(label)
+    # Logged once the run has ended, past the release of a run that keeps no lease.
+    ended = f"Task tests.retry_without_throw[{first.id}] succeeded"
+    wait_until(lambda: ended in results_worker.process.text(), what="the first run's end")
+    assert task.delay(label).id == first.id  # the retry is due in 2 s
+    wait_until(lambda: finished_runs(label) == 2, what="the retry")
+    wait_until(lambda: not Lock.objects.exists(), what="every release")
+    assert sorted(CeleryRun.objects.filter(label=label).values_list("task_id", "retries")) == (
+        [(first.id, 0), (first.id, 1)]
+    )
+
+
 def test_a_run_that_outlived_its_lease_logs_a_warning_when_it_ends(
     results_worker: Worker, tmp_path: Path
 ) -> None:

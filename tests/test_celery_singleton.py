@@ -472,6 +472,41 @@ def test_a_retry_stops_the_auto_renewal_of_the_runs_lease(app: Celery) -> None:
     assert not locks.is_locked(key), "the lease was renewed on after the retry"
 
 
+def test_a_run_that_goes_on_after_a_retry_without_throw_keeps_its_key_for_the_retry(
+    app: Celery,
+) -> None:
+    # self.retry(throw=False) queues the retry under the run's task id and returns; the run
+    # then ends as it will. A freed key would let a duplicate be queued beside the retry,
+    # and the retry's run would then be skipped as the duplicate, its caller left waiting.
+    def body(self: SingletonTask, n: int) -> str:
+        self.retry(countdown=0, throw=False)
+        return "went on"
+
+    decorate: Any = app.task
+    task = decorate(
+        base=SingletonTask,
+        name="t.retry-no-throw",
+        shared=False,
+        bind=True,
+        lock_ttl=2,
+        lock_auto_renew=True,  # renews every 2/3 s while a run holds the lease
+    )(body)
+    first = task.delay(1)
+    key = task.lock_name((1,))
+    with as_message(task, first.id, (1,)):
+        assert task(1) == "went on"
+    held = Lock.objects.get(name=key)
+    assert held.holder == first.id
+    assert task.delay(1).id == first.id  # a duplicate of the queued retry
+    assert queued(app) == 2  # the first message and the retry, no third
+    time.sleep(1)  # no run holds it while the retry waits: auto-renew must have stopped
+    assert Lock.objects.get(name=key).expires_at == held.expires_at
+    # Eager, such a retry is not run at all: the run's end frees its key.
+    assert task.apply((2,)).get() == "went on"
+    assert not locks.is_locked(task.lock_name((2,)))
+    assert queued(app) == 2
+
+
 @pytest.mark.parametrize(
     ("requeue", "acks_late", "kept"),
     [(True, True, True), (True, False, False), (False, True, False)],
