@@ -60,15 +60,34 @@ def queued(app: Celery) -> int:
         return int(channel.queue_declare(app.conf.task_default_queue).message_count)
 
 
-def make_task(app: Celery, name: str, **options: Any) -> SingletonTask:
-    def body(invoice_id: int, copies: int = 1, *, urgent: bool = False) -> None:
-        """A task body with positional, defaulted and keyword-only arguments."""
-
+def task_of(app: Celery, name: str, body: Callable[..., Any], **options: Any) -> SingletonTask:
+    """``body`` as a SingletonTask ``name`` of ``app`` with these task options."""
     # shared=False: the task belongs to this app only, not to every app made later.
     decorate: Any = app.task
     task = decorate(base=SingletonTask, name=name, shared=False, **options)(body)
     assert isinstance(task, SingletonTask)
     return task
+
+
+def make_task(app: Celery, name: str, **options: Any) -> SingletonTask:
+    def body(invoice_id: int, copies: int = 1, *, urgent: bool = False) -> None:
+        """A task body with positional, defaulted and keyword-only arguments."""
+
+    return task_of(app, name, body, **options)
+
+
+def renewed_task(app: Celery, name: str, body: Callable[..., Any], **options: Any) -> SingletonTask:
+    """As :func:`task_of`, with a ``lock_ttl`` of 2 s that auto-renew renews every 2/3 s
+    while a run holds the lease (see :func:`assert_renewals_stopped`)."""
+    return task_of(app, name, body, lock_ttl=2, lock_auto_renew=True, **options)
+
+
+def assert_renewals_stopped(key: str) -> None:
+    """The lease of ``key`` (a task of :func:`renewed_task`) is not renewed: its message
+    waits in the queue, and no run holds it."""
+    held = Lock.objects.get(name=key)
+    time.sleep(1)
+    assert Lock.objects.get(name=key).expires_at == held.expires_at
 
 
 def test_duplicate_delay_returns_the_queued_run_and_publishes_nothing(app: Celery) -> None:
@@ -322,8 +341,7 @@ def test_direct_call_inside_an_eager_run_takes_no_lease_and_keeps_the_runs(
             task(depth - 1)
         holdings.append(list(Lock.objects.values_list("holder", "count")))
 
-    decorate: Any = app.task
-    task = decorate(base=SingletonTask, name="t.walk", shared=False, lock_key="walk")(walk)
+    task = task_of(app, "t.walk", walk, lock_key="walk")
     with caplog.at_level(logging.DEBUG, logger="locks"):
         result = task.delay(2)
     # Every level, the innermost first, still sees the eager run's own holding: the
@@ -453,15 +471,14 @@ def test_a_retry_stops_the_auto_renewal_of_the_runs_lease(app: Celery) -> None:
     def body(self: SingletonTask, n: int) -> None:
         raise self.retry(countdown=0, max_retries=3)
 
-    decorate: Any = app.task
-    task = decorate(
-        base=SingletonTask,
-        name="t.retry-renewed",
-        shared=False,
+    task = task_of(
+        app,
+        "t.retry-renewed",
+        body,
         bind=True,
         lock_ttl=1,
         lock_auto_renew=True,
-    )(body)
+    )
     run_in_process(task, 1)
     assert queued(app) == 1  # the retry
     key = task.lock_name((1,))
@@ -482,25 +499,15 @@ def test_a_run_that_goes_on_after_a_retry_without_throw_keeps_its_key_for_the_re
         self.retry(countdown=0, throw=False)
         return "went on"
 
-    decorate: Any = app.task
-    task = decorate(
-        base=SingletonTask,
-        name="t.retry-no-throw",
-        shared=False,
-        bind=True,
-        lock_ttl=2,
-        lock_auto_renew=True,  # renews every 2/3 s while a run holds the lease
-    )(body)
+    task = renewed_task(app, "t.retry-no-throw", body, bind=True)
     first = task.delay(1)
     key = task.lock_name((1,))
     with as_message(task, first.id, (1,)):
         assert task(1) == "went on"
-    held = Lock.objects.get(name=key)
-    assert held.holder == first.id
+    assert Lock.objects.get(name=key).holder == first.id
     assert task.delay(1).id == first.id  # a duplicate of the queued retry
     assert queued(app) == 2  # the first message and the retry, no third
-    time.sleep(1)  # no run holds it while the retry waits: auto-renew must have stopped
-    assert Lock.objects.get(name=key).expires_at == held.expires_at
+    assert_renewals_stopped(key)
     # Eager, such a retry is not run at all: the run's end frees its key.
     assert task.apply((2,)).get() == "went on"
     assert not locks.is_locked(task.lock_name((2,)))
@@ -521,15 +528,7 @@ def test_a_run_rejected_with_requeue_keeps_its_key_like_a_retry(
     def body(n: int) -> None:
         raise Reject("not now", requeue=requeue)
 
-    decorate: Any = app.task
-    task = decorate(
-        base=SingletonTask,
-        name="t.reject",
-        shared=False,
-        acks_late=acks_late,
-        lock_ttl=2,
-        lock_auto_renew=True,  # renews every 2/3 s while a run holds the lease
-    )(body)
+    task = renewed_task(app, "t.reject", body, acks_late=acks_late)
     first = task.delay(1)
     key = task.lock_name((1,))
     with as_message(task, first.id, (1,)), pytest.raises(Reject):
@@ -537,10 +536,8 @@ def test_a_run_rejected_with_requeue_keeps_its_key_like_a_retry(
     assert locks.is_locked(key) is kept
     if kept:
         assert task.delay(1).id == first.id  # a duplicate of the requeued message
-        held = Lock.objects.get(name=key)
-        assert held.holder == first.id
-        time.sleep(1)  # no run holds it while it waits: auto-renew must have stopped
-        assert Lock.objects.get(name=key).expires_at == held.expires_at
+        assert Lock.objects.get(name=key).holder == first.id
+        assert_renewals_stopped(key)
     else:
         assert task.delay(1).id != first.id
     assert queued(app) == (2 if not kept else 1)
@@ -562,8 +559,7 @@ def test_a_run_that_rejects_with_another_tasks_duplicate_as_reason_is_rejected(
         except locks.DuplicateTask as exc:
             raise Reject(exc, requeue=requeue) from exc
 
-    decorate: Any = app.task
-    task = decorate(base=SingletonTask, name="t.reject-dup", shared=False, acks_late=True)(body)
+    task = task_of(app, "t.reject-dup", body, acks_late=True)
     first = task.delay(1)
     key = task.lock_name((1,))
     with as_message(task, first.id, (1,)), pytest.raises(Reject) as rejected:
@@ -582,8 +578,7 @@ def test_a_replacement_that_cannot_be_sent_leaves_no_lease_behind(url: str) -> N
     def body(self: SingletonTask, n: int) -> None:
         raise self.replace(self.signature((n,), retry=False))
 
-    decorate: Any = app.task
-    task = decorate(base=SingletonTask, name="t.replaced", shared=False, bind=True)(body)
+    task = task_of(app, "t.replaced", body, bind=True)
     run_in_process(task, 1)
     assert not Lock.objects.exists()  # the run failed, and its end released the key
     app.close()
@@ -817,10 +812,7 @@ def test_a_run_holds_the_key_its_message_header_names_however_its_arguments_arri
     def body(when: Any) -> None:
         during.append(list(Lock.objects.order_by("name").values_list("name", "holder", "count")))
 
-    decorate: Any = app.task
-    task = decorate(
-        base=SingletonTask, name="t.header-key", shared=False, lock_key=lambda when: f"at:{when}"
-    )(body)
+    task = task_of(app, "t.header-key", body, lock_key=lambda when: f"at:{when}")
     when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     sent = task.delay(when)
     key = task.lock_name((when,))
@@ -839,8 +831,7 @@ def test_a_run_that_replaces_itself_keeps_its_key_taken_for_the_replacement(app:
     def body(self: SingletonTask, n: int) -> None:
         raise self.replace(self.signature((n,)))
 
-    decorate: Any = app.task
-    task = decorate(base=SingletonTask, name="t.replace-self", shared=False, bind=True)(body)
+    task = task_of(app, "t.replace-self", body, bind=True)
     sent = task.delay(1)
     key = task.lock_name((1,))
     with as_message(task, sent.id, (1,)), pytest.raises(Ignore):
