@@ -60,11 +60,17 @@ def queued(app: Celery) -> int:
         return int(channel.queue_declare(app.conf.task_default_queue).message_count)
 
 
-def task_of(app: Celery, name: str, body: Callable[..., Any], **options: Any) -> SingletonTask:
-    """``body`` as a SingletonTask ``name`` of ``app`` with these task options."""
+def task_of(
+    app: Celery,
+    name: str,
+    body: Callable[..., Any],
+    base: type[SingletonTask] = SingletonTask,
+    **options: Any,
+) -> SingletonTask:
+    """``body`` as a task ``name`` of ``app`` (a ``base``) with these task options."""
     # shared=False: the task belongs to this app only, not to every app made later.
     decorate: Any = app.task
-    task = decorate(base=SingletonTask, name=name, shared=False, **options)(body)
+    task = decorate(base=base, name=name, shared=False, **options)(body)
     assert isinstance(task, SingletonTask)
     return task
 
@@ -175,9 +181,7 @@ def test_lock_key_as_format_string_callable_or_static_method(app: Celery) -> Non
     def print_invoice(invoice_id: int, copies: int = 1) -> None:
         """Print copies of an invoice."""
 
-    decorate: Any = app.task
-    subclassed = decorate(base=ByInvoice, name="t.subclass", shared=False)(print_invoice)
-    assert isinstance(subclassed, SingletonTask)
+    subclassed = task_of(app, "t.subclass", print_invoice, ByInvoice)
     assert subclassed.lock_name((8, 3)) == "by-invoice:8"
     first = subclassed.delay(8, 3)
     assert subclassed.delay(8, 4).id == first.id  # same key: copies is not part of it
@@ -487,6 +491,30 @@ def test_a_retry_stops_the_auto_renewal_of_the_runs_lease(app: Celery) -> None:
     while locks.is_locked(key) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not locks.is_locked(key), "the lease was renewed on after the retry"
+
+
+def test_a_run_that_sends_a_run_of_its_own_key_sends_a_duplicate_of_itself(app: Celery) -> None:
+    # The key is the run's until the run ends: a run of the same key sent from inside it
+    # (to run again later, say) is the run's own duplicate, and is not queued. Sent from
+    # after_return(), which the worker calls once the run has released its lease, it is.
+    sent: dict[str, Any] = {}
+
+    class Again(SingletonTask):
+        def after_return(self, *args: Any, **kwargs: Any) -> None:
+            sent["after"] = self.apply_async((1,), countdown=60)
+
+    def body(self: SingletonTask, n: int) -> None:
+        sent["inside"] = self.apply_async((n,), countdown=60)
+
+    task = task_of(app, "t.again", body, Again, bind=True)
+    run = task.apply((1,))  # a run as the worker runs it, here: after_return included
+    assert sent["inside"].id == run.id
+    assert sent["after"].id != run.id
+    assert queued(app) == 1
+    assert Lock.objects.get(name=task.lock_name((1,))).holder == sent["after"].id
+    refused = task_of(app, "t.again-or-raise", body, bind=True, on_duplicate="raise").apply((1,))
+    assert isinstance(refused.result, locks.DuplicateTask)
+    assert refused.result.task_id == refused.id
 
 
 def test_a_run_that_goes_on_after_a_retry_without_throw_keeps_its_key_for_the_retry(
