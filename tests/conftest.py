@@ -26,11 +26,14 @@ BACKEND = os.environ.get("LOCKS_TEST_BACKEND", "sqlite")
 
 def pytest_configure(config: pytest.Config) -> None:
     # Django deletes an old SQLite test database but not its -wal/-shm files, and SQLite
-    # would replay a stale write-ahead log into the new database. Only a run on SQLite:
-    # another backend's run may go on beside one (scripts/test runs two at a time).
+    # would replay a stale write-ahead log into the new database. Only a run on SQLite,
+    # and only its Django version's files: another run may go on beside it (scripts/test
+    # runs two at a time).
     if BACKEND != "sqlite":
         return
-    for stale in (ROOT / "var").glob("test_*.sqlite3*"):
+    from tests.settings import SQLITE_TAG
+
+    for stale in (ROOT / "var").glob(f"test_{SQLITE_TAG}_*.sqlite3*"):
         stale.unlink(missing_ok=True)
 
 

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR = BASE_DIR / "var"
 VAR.mkdir(exist_ok=True)
@@ -20,9 +22,14 @@ CHECKOUT = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:6]
 NAMES: dict[str, str] = json.loads(os.environ.get("LOCKS_TEST_DB_NAMES", "{}"))
 
 
+# SQLite test files carry the Django version: scripts/test may run the suite on two
+# Django versions at once, each on files of its own.
+SQLITE_TAG = f"django{django.VERSION[0]}"
+
+
 def _database(alias: str) -> dict[str, Any]:
     if BACKEND == "sqlite":
-        name = str(VAR / f"test_{alias}.sqlite3")
+        name = str(VAR / f"test_{SQLITE_TAG}_{alias}.sqlite3")
         settings: dict[str, Any] = {
             "ENGINE": "django.db.backends.sqlite3",
             "OPTIONS": {

@@ -17,6 +17,7 @@ SCRIPT = str(ROOT / "scripts" / "test")
     [
         ("LOCKS_TEST_LANES", "3", "LOCKS_TEST_LANES must be 1 or 2, not '3'"),
         ("LOCKS_TEST_BACKENDS", "oracle", "unknown backend 'oracle' in LOCKS_TEST_BACKENDS"),
+        ("LOCKS_TEST_BACKENDS", "sqlite@django7", "unknown backend 'sqlite@django7'"),
         ("LOCKS_TEST_BACKENDS", ",", "LOCKS_TEST_BACKENDS selects no backend"),
     ],
 )
