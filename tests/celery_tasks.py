@@ -102,10 +102,10 @@ def retry_after_gate_or_raise(self: SingletonTask, label: str, gate: str = "") -
 
 @shared_task(bind=True, base=SingletonTask, name="tests.retry_without_throw")
 def retry_without_throw(self: SingletonTask, label: str) -> str:
-    """Record a run; the first queues its retry (in 2 s) with ``throw=False`` and goes on."""
+    """Record a run; the first queues its retry (in 5 s) with ``throw=False`` and goes on."""
     run = _record(self, label)
     if not self.request.retries:
-        self.retry(countdown=2, throw=False)
+        self.retry(countdown=5, throw=False)
     run.finished = True
     run.save(update_fields=["finished"])
     return label

@@ -647,7 +647,7 @@ def test_a_run_that_goes_on_after_queuing_its_retry_leaves_the_key_to_the_retry(
     # Logged once the run has ended, past the release of a run that keeps no lease.
     ended = f"Task tests.retry_without_throw[{first.id}] succeeded"
     wait_until(lambda: ended in results_worker.process.text(), what="the first run's end")
-    assert task.delay(label).id == first.id  # the retry is due in 2 s
+    assert task.delay(label).id == first.id  # the retry is due in 5 s
     wait_until(lambda: finished_runs(label) == 2, what="the retry")
     wait_until(lambda: not Lock.objects.exists(), what="every release")
     assert sorted(CeleryRun.objects.filter(label=label).values_list("task_id", "retries")) == (
