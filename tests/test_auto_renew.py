@@ -143,10 +143,12 @@ def test_a_release_that_races_a_due_renewal_stops_no_other_renewals() -> None:
 def test_a_renewal_stuck_on_one_database_does_not_starve_the_leases_on_another() -> None:
     # "other" stands for a second database server that hangs (here: a transaction holds
     # the lock row's write lock); the leases on "default" must go on being renewed.
-    stuck = locks.acquire("orders:1", ttl=3, using="other", auto_renew=True)  # due at 1 s
-    lease = locks.acquire("orders:2", ttl=0.6, auto_renew=True)  # every 0.2 s
-    blocker = hold_write_lock("orders:1", 2.5, using="other")
-    time.sleep(2.0)  # the stuck renewal waits from about 1 s to 2.5 s
+    stuck = locks.acquire("orders:1", ttl=4.5, using="other", auto_renew=True)  # due at 1.5 s
+    # Renewed every 0.4 s: a renewal may come up to 0.8 s late (a busy machine) and find
+    # the lease still held; one held up behind the stuck one would find it expired at 2.7 s.
+    lease = locks.acquire("orders:2", ttl=1.2, auto_renew=True)
+    blocker = hold_write_lock("orders:1", 3.5, using="other")
+    time.sleep(3.0)  # the stuck renewal waits from about 1.5 s to 3.5 s
     try:
         assert locks.check_token("orders:2", lease.token)
         assert not lease.lost
