@@ -190,21 +190,22 @@ def test_a_renewal_that_waits_for_the_lock_row_does_not_hold_up_a_lease_due_soon
     if backend == "sqlite":
         pytest.skip("a lock row of its own to hold: SQLite's only lock is the file's")
     caplog.set_level(logging.WARNING, logger="locks")
-    stuck = locks.acquire("orders:1", ttl=4, auto_renew=True)  # due at 1.3 s, ours until 4 s
-    lease = locks.acquire("orders:2", ttl=0.6, auto_renew=True)  # every 0.2 s
+    stuck = locks.acquire("orders:1", ttl=8, auto_renew=True)  # due at 2.7 s, ours until 8 s
+    # Renewed every 0.4 s, so a renewal that comes up to 0.8 s late still finds it held.
+    lease = locks.acquire("orders:2", ttl=1.2, auto_renew=True)
     first_expiry = lease.expires_at
-    # The renewal of "orders:1" may wait for its row until about 4 s, but "orders:2" falls
-    # due again within 0.2 s: it must not wait behind it.
-    blocker = hold_write_lock("orders:1", 2.5)
-    time.sleep(2.2)
+    # The renewal of "orders:1" may wait for its row until about 8 s, but "orders:2" falls
+    # due again within 0.4 s: it must not wait behind it.
+    blocker = hold_write_lock("orders:1", 5.0)
+    time.sleep(4.4)
     try:
-        _assert_renewed_past(lease, first_expiry, timedelta(seconds=1.2))
+        _assert_renewed_past(lease, first_expiry, timedelta(seconds=2.4))
         assert stuck.held  # not given up before its own deadline
     finally:
         blocker.join(10)
     # Tried again, "orders:1" is renewed once the row is free.
     renewed = stuck.expires_at
-    assert wait_for(lambda: stuck.expires_at > renewed and not stuck.lost, 1.2)
+    assert wait_for(lambda: stuck.expires_at > renewed and not stuck.lost, 2.0)
     assert locks.check_token("orders:1", stuck.token)
     # Its renewals cut short and tried again are the watchdog's doing, not a failure: a row
     # busy for a while, as before, warns of nothing unless the lease is lost.
@@ -218,17 +219,19 @@ def test_a_holders_own_renewal_that_waits_does_not_hold_up_the_other_leases(
 ) -> None:
     if backend == "sqlite":
         pytest.skip("a lock row of its own to hold: SQLite's only lock is the file's")
-    stuck = locks.acquire("orders:1", ttl=3, auto_renew=True)  # the watchdog's due at 1 s
-    lease = locks.acquire("orders:2", ttl=0.6, auto_renew=True)  # every 0.2 s
+    stuck = locks.acquire("orders:1", ttl=6, auto_renew=True)  # the watchdog's due at 2 s
+    # Renewed every 0.4 s: a renewal may come up to 0.8 s late (a busy machine) and find
+    # the lease still held; one held up behind the holder's would find it expired.
+    lease = locks.acquire("orders:2", ttl=1.2, auto_renew=True)
     first_expiry = lease.expires_at
     # The holder renews "orders:1" itself while a transaction holds its row: the renewal
-    # waits about 2 s, through the watchdog's own renewal of it falling due.
-    blocker = hold_write_lock("orders:1", 2.0)
+    # waits about 4 s, through the watchdog's own renewal of it falling due.
+    blocker = hold_write_lock("orders:1", 4.0)
     renewing, errors = _start_in_thread(stuck.renew)
-    time.sleep(1.8)
+    time.sleep(3.6)
     try:
         # The other lease went on being renewed, in the database, past its first expiry.
-        _assert_renewed_past(lease, first_expiry, timedelta(seconds=1))
+        _assert_renewed_past(lease, first_expiry, timedelta(seconds=2))
     finally:
         blocker.join(10)
         renewing.join(10)
