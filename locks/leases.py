@@ -87,7 +87,11 @@ def _execute(
                 and (deadline is None or time.monotonic() < deadline)
             ):
                 logger.debug("%s %r: transient error, retrying: %s", what, name, exc)
-                time.sleep(_backoff(attempt))
+                pause = _backoff(attempt)
+                if deadline is not None:
+                    # Tried once more by the deadline, not a whole pause after it.
+                    pause = min(pause, max(deadline - time.monotonic(), 0.0))
+                time.sleep(pause)
                 continue
             # A broken connection is replaced on the next call (e.g. after a server restart).
             wrapper.close_if_unusable_or_obsolete()

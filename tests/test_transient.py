@@ -13,6 +13,7 @@ from django.test import override_settings
 import locks
 from locks.backends import for_connection
 from locks.conf import conf
+from locks.leases import _execute
 from locks.models import Lock
 from tests.faults import hold_write_lock
 
@@ -61,55 +62,94 @@ def test_retries_are_bounded_and_the_error_names_the_lock(backend: str) -> None:
     assert Lock.objects.get(name="x").holder == "old"
 
 
+def a_real_transient_error(backend: str) -> DatabaseError:
+    """A transient error from the server under test: a real deadlock between two sessions
+    (PostgreSQL 40P01, MariaDB 1213); on SQLite, which has one writer at a time and cannot
+    deadlock, a write refused because another connection holds the file."""
+    if backend == "sqlite":
+        thread = hold_write_lock("x", 1.0)
+        try:
+            with connections.create_connection("default").cursor() as c:
+                c.execute("PRAGMA busy_timeout = 0")
+                with pytest.raises(DatabaseError) as busy:
+                    c.execute("UPDATE locks_lock SET note = note")
+        finally:
+            thread.join()
+        return busy.value
+    first, second = connection, connections.create_connection("default")
+    try:
+        with first.cursor() as c:
+            c.execute("DROP TABLE IF EXISTS dl")
+            c.execute("CREATE TABLE dl (id int primary key)")
+            c.execute("INSERT INTO dl VALUES (1), (2)")
+        error: list[DatabaseError] = []
+
+        # Two explicit transactions lock rows in opposite order.
+        first.set_autocommit(False)
+        second.set_autocommit(False)
+        with first.cursor() as c:
+            c.execute("UPDATE dl SET id = id WHERE id = 1")
+        with second.cursor() as c:
+            c.execute("UPDATE dl SET id = id WHERE id = 2")
+
+        def second_waits() -> None:
+            try:
+                with second.cursor() as c:
+                    c.execute("UPDATE dl SET id = id WHERE id = 1")
+            except DatabaseError as exc:
+                error.append(exc)
+
+        second.inc_thread_sharing()
+        thread = threading.Thread(target=second_waits)
+        thread.start()
+        time.sleep(0.3)
+        try:
+            with first.cursor() as c:
+                c.execute("UPDATE dl SET id = id WHERE id = 2")
+        except DatabaseError as exc:
+            error.append(exc)
+        thread.join()
+        assert len(error) == 1, error
+        assert "deadlock" in str(error[0]).lower(), error
+        return error[0]
+    finally:
+        for conn in (first, second):
+            conn.rollback()
+            conn.set_autocommit(True)
+        second.dec_thread_sharing()
+        second.close()
+        with first.cursor() as c:
+            c.execute("DROP TABLE dl")
+
+
 def test_transient_errors_are_told_apart_from_others(backend: str) -> None:
-    """Real errors from the server under test: a lock timeout or busy file, and a typo."""
+    """Real errors from the server under test: a deadlock or busy file, and a typo."""
     backend_sql = for_connection(connection)
     with pytest.raises(DatabaseError) as typo, connection.cursor() as cursor:
         cursor.execute("SELEKT 1")
     assert not backend_sql.is_transient(typo.value)
-    if backend != "sqlite":  # SQLite has one writer at a time: it cannot deadlock
-        # A real deadlock between two sessions (PostgreSQL 40P01, MariaDB 1213).
-        first, second = connection, connections.create_connection("default")
-        try:
-            with first.cursor() as c:
-                c.execute("DROP TABLE IF EXISTS dl")
-                c.execute("CREATE TABLE dl (id int primary key)")
-                c.execute("INSERT INTO dl VALUES (1), (2)")
-            error: list[BaseException] = []
+    assert backend_sql.is_transient(a_real_transient_error(backend))
 
-            # Two explicit transactions lock rows in opposite order.
-            first.set_autocommit(False)
-            second.set_autocommit(False)
-            with first.cursor() as c:
-                c.execute("UPDATE dl SET id = id WHERE id = 1")
-            with second.cursor() as c:
-                c.execute("UPDATE dl SET id = id WHERE id = 2")
 
-            def second_waits() -> None:
-                try:
-                    with second.cursor() as c:
-                        c.execute("UPDATE dl SET id = id WHERE id = 1")
-                except DatabaseError as exc:
-                    error.append(exc)
+@override_settings(LOCKS={"TRANSIENT_RETRIES": 3, "BACKOFF_MIN": 4, "BACKOFF_MAX": 4})
+def test_a_retry_with_a_deadline_does_not_sleep_past_it(backend: str) -> None:
+    # A watchdog renewal has until the next lease falls due: a transient error early in
+    # it is tried again by then, however long the backoff would be (2 to 4 s here).
+    error = a_real_transient_error(backend)
+    tries: list[float] = []
 
-            second.inc_thread_sharing()
-            thread = threading.Thread(target=second_waits)
-            thread.start()
-            time.sleep(0.3)
-            try:
-                with first.cursor() as c:
-                    c.execute("UPDATE dl SET id = id WHERE id = 2")
-            except DatabaseError as exc:
-                error.append(exc)
-            thread.join()
-            assert len(error) == 1, error
-            assert "deadlock" in str(error[0]).lower(), error
-            assert backend_sql.is_transient(error[0])
-        finally:
-            for conn in (first, second):
-                conn.rollback()
-                conn.set_autocommit(True)
-            second.dec_thread_sharing()
-            second.close()
-            with first.cursor() as c:
-                c.execute("DROP TABLE dl")
+    def operation(backend_sql: object, cursor: object) -> str:
+        tries.append(time.monotonic())
+        if len(tries) == 1:
+            raise error
+        return "renewed"
+
+    started = time.monotonic()
+    assert _execute(conf.DATABASE, "renew", "x", operation, deadline=started + 0.3) == "renewed"
+    assert len(tries) == 2
+    assert tries[1] - started < 1.5, tries[1] - started
+    # Past the deadline, the error is not tried again.
+    tries.clear()
+    with pytest.raises(DatabaseError):
+        _execute(conf.DATABASE, "renew", "x", operation, deadline=time.monotonic() - 0.1)
+    assert len(tries) == 1
