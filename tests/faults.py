@@ -28,6 +28,12 @@ SESSIONS = {
     "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND <> 'Killed'",
 }
 KILL = {"postgresql": "SELECT pg_terminate_backend(%s)", "mysql": "KILL %s"}
+# Every statement on the lock table waits while these are held (and the lock's end).
+LOCK_TABLE = {
+    "postgresql": ("LOCK TABLE locks_lock IN ACCESS EXCLUSIVE MODE", None),
+    "mysql": ("LOCK TABLES locks_lock WRITE", "UNLOCK TABLES"),
+    "sqlite": ("UPDATE locks_lock SET note = note", None),  # readers still read
+}
 # Whether a session is in the middle of a lock statement that waits (PostgreSQL: for a
 # lock; MariaDB's INNODB_TRX does not always list the waiting statement, PROCESSLIST does).
 WAITING = {
@@ -146,6 +152,33 @@ def hold_write_lock(name: str, seconds: float, using: str = DEFAULT_DB_ALIAS) ->
                 cursor.execute("SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", [name])
             ready.set()
             time.sleep(seconds)
+        held.close()
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    assert ready.wait(10)
+    return thread
+
+
+def hold_table_lock(seconds: float) -> threading.Thread:
+    """Block every write to the lock table (on SQLite: to the file) for ``seconds``,
+    from a transaction of another connection.
+
+    Example::
+
+        thread = hold_table_lock(5.0)
+    """
+    ready = threading.Event()
+    take, end = LOCK_TABLE[connection.vendor]
+
+    def block() -> None:
+        held = connections[DEFAULT_DB_ALIAS]  # this thread's own
+        with transaction.atomic(), held.cursor() as cursor:
+            cursor.execute(take)
+            ready.set()
+            time.sleep(seconds)
+            if end:
+                cursor.execute(end)
         held.close()
 
     thread = threading.Thread(target=block)

@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from locks.conf import conf
 from locks.management.commands.locks import Command
 from locks.models import Lock
 from tests.conftest import BACKEND, ROOT, worker_env
+from tests.faults import hold_table_lock, hold_write_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -391,6 +393,86 @@ def test_break_interrupted_or_ended_at_the_prompt_breaks_nothing_and_says_so(key
     assert said.startswith("CommandError: aborted"), shown
     assert Lock.objects.get(name="orders:14").token == lease.token
     lease.release()
+
+
+def wait_until_blocked(pid: int, seconds: float = 60) -> None:
+    """Wait until process ``pid`` has slept for half a second on end: a command that has
+    started up and now waits (for a row lock, or a busy SQLite file)."""
+    deadline = time.monotonic() + seconds
+    asleep_since = None
+    while time.monotonic() < deadline:
+        # The state follows the command's name, which is in parentheses.
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state != "S":
+            asleep_since = None
+        elif asleep_since is None:
+            asleep_since = time.monotonic()
+        elif time.monotonic() - asleep_since > 0.5:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} never waited")
+
+
+def test_break_interrupted_while_it_waits_says_what_is_left_without_a_traceback(
+    backend: str,
+) -> None:
+    # Newest first: "orders:15" is broken first, and waits for a transaction on its row
+    # (on SQLite, on the file); Ctrl-C comes meanwhile.
+    other = locks.acquire("orders:16", ttl=60, holder="worker-16")
+    lease = locks.acquire("orders:15", ttl=60, holder="worker-15")
+    blocker = hold_write_lock("orders:15", 6.0)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "locks", "break", "orders:15", "orders:16", "--yes"],
+            cwd=ROOT,
+            env=worker_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until_blocked(process.pid)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        blocker.join(30)
+    assert process.returncode == 1, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert (
+        "CommandError: interrupted while breaking lock 'orders:15', which may or may not be "
+        "broken now; not broken: 'orders:16'"
+    ) in err
+    assert "orders:16" not in out
+    assert Lock.objects.get(name="orders:16").token == other.token
+    if backend == "postgresql":
+        # psycopg cancels the statement on Ctrl-C; mysqlclient and sqlite3 let Python see
+        # the interrupt only once the statement has run.
+        assert Lock.objects.get(name="orders:15").token == lease.token
+    other.release()
+
+
+def test_reap_interrupted_while_it_waits_exits_1_without_a_traceback() -> None:
+    expired("orders:17")
+    blocker = hold_table_lock(6.0)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "locks", "reap"],
+            cwd=ROOT,
+            env=worker_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until_blocked(process.pid)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        blocker.join(30)
+    assert process.returncode == 1, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "CommandError: reap: interrupted" in err
+    assert "Reaped" not in out
 
 
 def manage_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:

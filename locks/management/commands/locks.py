@@ -1,10 +1,12 @@
 """``manage.py locks list|break|reap``: look at lock rows, break locks, delete expired rows.
 
 Exit codes: 0 done; 1 some names were unknown (or not broken), a lock call was refused
-(``LockError``, or a bad ``LOCKS`` setting met by ``break``), or the prompt was declined or
-left (Ctrl-C, Ctrl-D); 2 bad usage (bad arguments, or no way to confirm a break); 3 the
-database has no lock table (not migrated); 141 the output went into a pipe that was closed
-(``locks list | head -1``), as for tools that SIGPIPE ends.
+(``LockError``, or a bad ``LOCKS`` setting met by ``break``), the prompt was declined or
+left (Ctrl-C, Ctrl-D), or the command was interrupted (Ctrl-C: a ``break`` names the lock it
+was breaking, which may or may not be broken, and those it did not reach); 2 bad usage (bad
+arguments, or no way to confirm a break); 3 the database has no lock table (not migrated);
+141 the output went into a pipe that was closed (``locks list | head -1``), as for tools
+that SIGPIPE ends.
 """
 
 from __future__ import annotations
@@ -294,6 +296,10 @@ class Command(BaseCommand):
                 self._break(alias, options["names"], options["yes"], stdin, options["verbosity"])
             else:
                 self._reap(alias, options["batch_size"], options["verbosity"])
+        except KeyboardInterrupt:
+            # Ctrl-C: as at the prompt, a message and exit code 1, not a traceback. The
+            # statement under way was cancelled or has run (each commits on its own).
+            raise CommandError(f"{subcommand}: interrupted", returncode=PARTIAL) from None
         except LockError as exc:
             # A lock call refused (e.g. SQLite, under a transaction of the caller's own on
             # the file of the locks): the reason, not a traceback.
@@ -339,6 +345,15 @@ class Command(BaseCommand):
         for name, row in found.items():
             try:
                 broken = _break_holding(alias, row, again=yes)
+            except KeyboardInterrupt:
+                # Its statement may have committed before the interrupt was seen (a
+                # driver that waits for the server's answer before it lets Python run).
+                left = [other for other in names if other not in gone and other != name]
+                raise CommandError(
+                    f"interrupted while breaking lock {name!r}, which may or may not be "
+                    "broken now" + (f"; not broken: {', '.join(map(repr, left))}" if left else ""),
+                    returncode=PARTIAL,
+                ) from None
             except (LockError, TypeError, ValueError) as exc:
                 # A lock call refused, or a bad LOCKS setting (which --skip-checks lets
                 # through): the reason and what is left, not a traceback.
