@@ -396,7 +396,7 @@ def test_break_interrupted_or_ended_at_the_prompt_breaks_nothing_and_says_so(key
 
 
 def wait_until_blocked(pid: int, seconds: float = 60) -> None:
-    """Wait until process ``pid`` has slept for half a second on end: a command that has
+    """Wait until process ``pid`` has slept for 0.8 s on end: a command that has
     started up and now waits (for a row lock, or a busy SQLite file)."""
     deadline = time.monotonic() + seconds
     asleep_since = None
@@ -407,7 +407,7 @@ def wait_until_blocked(pid: int, seconds: float = 60) -> None:
             asleep_since = None
         elif asleep_since is None:
             asleep_since = time.monotonic()
-        elif time.monotonic() - asleep_since > 0.5:
+        elif time.monotonic() - asleep_since > 0.8:
             return
         time.sleep(0.02)
     raise AssertionError(f"process {pid} never waited")
@@ -420,7 +420,7 @@ def test_break_interrupted_while_it_waits_says_what_is_left_without_a_traceback(
     # (on SQLite, on the file); Ctrl-C comes meanwhile.
     other = locks.acquire("orders:16", ttl=60, holder="worker-16")
     lease = locks.acquire("orders:15", ttl=60, holder="worker-15")
-    blocker = hold_write_lock("orders:15", 6.0)
+    blocker = hold_write_lock("orders:15", 8.0)
     try:
         process = subprocess.Popen(
             [sys.executable, "manage.py", "locks", "break", "orders:15", "orders:16", "--yes"],
@@ -453,7 +453,7 @@ def test_break_interrupted_while_it_waits_says_what_is_left_without_a_traceback(
 
 def test_reap_interrupted_while_it_waits_exits_1_without_a_traceback() -> None:
     expired("orders:17")
-    blocker = hold_table_lock(6.0)
+    blocker = hold_table_lock(8.0)
     try:
         process = subprocess.Popen(
             [sys.executable, "manage.py", "locks", "reap"],
