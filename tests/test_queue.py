@@ -7,14 +7,16 @@ one waiting process, and a new blocking acquire does not jump the queue.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 import locks
-from locks.backends.postgresql import QUEUE_NAMESPACE
+from locks.backends.postgresql import _queue_key
 from locks.leases import QUEUE_PATIENCE
 from locks.models import Lock
 from tests import pgbouncer
@@ -31,15 +33,18 @@ def queues(backend: str) -> None:
         pytest.skip("session advisory locks do not survive PgBouncer's transaction pooling")
 
 
-def queue_locks() -> tuple[int, int]:
-    """(granted, waiting) session advisory locks of the queue namespace, in every session
-    on this test database (not those of another test run on the same server)."""
+def queue_locks(name: str = "orders:1") -> tuple[int, int]:
+    """(granted, waiting) advisory locks on the queue of ``name``, in every session on this
+    test database (not those of another test run on the same server)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) "
-            "FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2 "
+            f"SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) "
+            f"FROM (SELECT {_queue_key('%s')} AS key) AS queue, pg_locks "
+            "WHERE locktype = 'advisory' AND objsubid = 1 "
+            "AND classid = CAST(queue.key >> 32 & 4294967295 AS oid) "
+            "AND objid = CAST(queue.key & 4294967295 AS oid) "
             "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            [QUEUE_NAMESPACE],
+            [name],
         )
         granted, waiting = cursor.fetchone()
     return int(granted), int(waiting)
@@ -63,9 +68,9 @@ def wait_for_head(name: str) -> None:
     wait_for_queue(granted=1, waiting=0)
 
 
-@pytest.fixture
-def stuck_queue() -> Iterator[None]:
-    """A session that queued for orders:1 and never goes on (a paused waiter, say)."""
+@contextmanager
+def queued_for_ever(name: str) -> Iterator[None]:
+    """A session that queued for ``name`` and never goes on (a paused waiter, say)."""
     params = connection.get_connection_params()
     with psycopg.connect(
         host=params.get("host"),
@@ -74,10 +79,35 @@ def stuck_queue() -> Iterator[None]:
         dbname=params["dbname"],
         autocommit=True,
     ) as stuck:
-        stuck.execute(
-            "SELECT pg_advisory_lock(%s, hashtext('orders:1'))", [QUEUE_NAMESPACE], prepare=False
-        )
+        stuck.execute(f"SELECT pg_advisory_lock({_queue_key('%s')})", [name], prepare=False)
         yield
+
+
+@pytest.fixture
+def stuck_queue() -> Iterator[None]:
+    with queued_for_ever("orders:1"):
+        yield
+
+
+def test_names_whose_32_bit_hashes_collide_do_not_share_a_queue(
+    own_queries: Callable[[], CaptureQueriesContext],
+) -> None:
+    # Among 300,000 names some pairs have the same hashtext(), the 32-bit hash.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT min(name), max(name) FROM (SELECT 'orders:' || i AS name "
+            "FROM generate_series(1, 300000) AS i) AS names "
+            "GROUP BY hashtext(name) HAVING count(*) > 1 LIMIT 1"
+        )
+        waited_for, free = cursor.fetchone()
+    with queued_for_ever(waited_for):
+        assert queue_locks(free) == (0, 0)
+        # A blocking acquire of the free one does not yield to the other name's waiter:
+        # its first statement takes it.
+        with own_queries() as queries:
+            lease = locks.acquire(free, timeout=QUEUE_PATIENCE / 2)
+        assert len(queries) == 1, [q["sql"] for q in queries]
+        lease.release()
 
 
 def test_waiters_get_the_lock_in_the_order_they_came() -> None:

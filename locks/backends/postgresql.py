@@ -54,8 +54,18 @@ RETURNING token, count, acquired_at, expires_at
 # Blocked acquires of one name queue for a session advisory lock on it (the "queue"),
 # in the server's lock manager, first come first served: only the one at the head
 # flags the row and waits for the release, so a release wakes one process, not all.
-# The head leaves the queue in the statement that grants it the lease.
-QUEUE_NAMESPACE = ADVISORY_NAMESPACE + 1
+# The head leaves the queue in the statement that grants it the lease. Its key is a 64-bit
+# hash of the name (one bigint key, seeded apart from an unseeded hashtextextended()): with
+# the 32-bit hashtext() of the namespaced pair, two names whose hashes collided shared a
+# queue, and a blocked acquire of a free lock waited behind the other name's waiters.
+QUEUE_SEED = ADVISORY_NAMESPACE + 1
+
+
+def _queue_key(name: str) -> str:
+    """The SQL of the queue's advisory lock key for the name parameter ``name``."""
+    return f"hashtextextended(CAST({name} AS text), {QUEUE_SEED})"
+
+
 # A blocked acquire's first try yields to the queue: it takes a free lock only when no
 # other acquire is queued for it (the transaction-scoped try fails while a queued session
 # holds the queue's lock), except to re-enter its own live holding. Its later tries, and
@@ -66,7 +76,7 @@ ACQUIRE_YIELDING = (
     .replace(
         "+ %(ttl)s, %(note)s)\nON CONFLICT",
         f"""+ %(ttl)s, %(note)s
-WHERE pg_try_advisory_xact_lock({QUEUE_NAMESPACE}, hashtext(CAST(%(name)s AS text)))
+WHERE pg_try_advisory_xact_lock({_queue_key("%(name)s")})
    OR EXISTS (SELECT 1 FROM locks_lock WHERE name = CAST(%(name)s AS text)
               AND holder = CAST(%(holder)s AS text) AND expires_at > statement_timestamp())
 ON CONFLICT""",
@@ -107,24 +117,25 @@ ACQUIRE_AS_HEAD = (
     _HEAD_ATTEMPT
     + f""",
     CASE WHEN holder = %(holder)s
-         THEN pg_advisory_unlock({QUEUE_NAMESPACE}, hashtext(CAST(%(name)s AS text))) END
+         THEN pg_advisory_unlock({_queue_key("%(name)s")}) END
 """
 )
 # The MATERIALIZED CTE runs first, so lock_timeout (this statement's only: is_local)
 # bounds the wait that follows.
 ENTER_QUEUE = f"""
 WITH bound AS MATERIALIZED (SELECT set_config('lock_timeout', %s, true))
-SELECT pg_advisory_lock({QUEUE_NAMESPACE}, hashtext(CAST(%s AS text))) FROM bound
+SELECT pg_advisory_lock({_queue_key("%s")}) FROM bound
 """
-LEAVE_QUEUE = f"SELECT pg_advisory_unlock({QUEUE_NAMESPACE}, hashtext(CAST(%s AS text)))"
+LEAVE_QUEUE = f"SELECT pg_advisory_unlock({_queue_key('%s')})"
 # A statement_timeout may cancel ENTER_QUEUE just after its lock was granted, and a session
 # advisory lock outlives the failed statement: give it back, if it is held, without the
 # server's warning for unlocking a lock not held.
 LEAVE_QUEUE_IF_ENTERED = f"""
-SELECT pg_advisory_unlock({QUEUE_NAMESPACE}, hashtext(CAST(%s AS text)))
-FROM pg_locks
-WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 2
-  AND classid = {QUEUE_NAMESPACE} AND objid = CAST(hashtext(CAST(%s AS text)) AS oid)
+SELECT pg_advisory_unlock(queue.key)
+FROM (SELECT {_queue_key("%s")} AS key) AS queue, pg_locks
+WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 1
+  AND classid = CAST(queue.key >> 32 & 4294967295 AS oid)
+  AND objid = CAST(queue.key & 4294967295 AS oid)
 """
 
 RENEW = """
@@ -254,7 +265,7 @@ class PostgreSQLBackend(Backend):
             # A database's or role's statement_timeout shorter than the wait ends it the
             # same way as lock_timeout: not queued yet, and the caller looks at the lock.
             if getattr(exc.__cause__, "sqlstate", None) == QUERY_CANCELED:
-                cursor.execute(LEAVE_QUEUE_IF_ENTERED, [name, name])
+                cursor.execute(LEAVE_QUEUE_IF_ENTERED, [name])
                 return False
             raise
         return True
