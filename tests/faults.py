@@ -135,46 +135,17 @@ def wait_until_waiting(session: int, seconds: float = 30) -> None:
         time.sleep(0.05)
 
 
-def hold_write_lock(name: str, seconds: float, using: str = DEFAULT_DB_ALIAS) -> threading.Thread:
-    """Block writes to lock ``name``'s row on database ``using`` from another connection
-    for ``seconds``.
-
-    On SQLite, whose only lock is the file's write lock, every write waits.
-    """
+def _hold(
+    using: str, take: str, params: list[Any], seconds: float, end: str | None = None
+) -> threading.Thread:
+    """Run ``take`` in a transaction of another connection to ``using``, keep it ``seconds``
+    (then run ``end``, if any), in a thread of its own, started once ``take`` has run."""
     ready = threading.Event()
 
     def block() -> None:
         held = connections[using]  # this thread's own
         with transaction.atomic(using=using), held.cursor() as cursor:
-            if BACKEND == "sqlite":
-                cursor.execute("UPDATE locks_lock SET note = note WHERE name = %s", [name])
-            else:
-                cursor.execute("SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", [name])
-            ready.set()
-            time.sleep(seconds)
-        held.close()
-
-    thread = threading.Thread(target=block)
-    thread.start()
-    assert ready.wait(10)
-    return thread
-
-
-def hold_table_lock(seconds: float) -> threading.Thread:
-    """Block every write to the lock table (on SQLite: to the file) for ``seconds``,
-    from a transaction of another connection.
-
-    Example::
-
-        thread = hold_table_lock(5.0)
-    """
-    ready = threading.Event()
-    take, end = LOCK_TABLE[connection.vendor]
-
-    def block() -> None:
-        held = connections[DEFAULT_DB_ALIAS]  # this thread's own
-        with transaction.atomic(), held.cursor() as cursor:
-            cursor.execute(take)
+            cursor.execute(take, params)
             ready.set()
             time.sleep(seconds)
             if end:
@@ -185,3 +156,26 @@ def hold_table_lock(seconds: float) -> threading.Thread:
     thread.start()
     assert ready.wait(10)
     return thread
+
+
+def hold_write_lock(name: str, seconds: float, using: str = DEFAULT_DB_ALIAS) -> threading.Thread:
+    """Block writes to lock ``name``'s row on database ``using`` from another connection
+    for ``seconds``.
+
+    On SQLite, whose only lock is the file's write lock, every write waits.
+    """
+    if BACKEND == "sqlite":
+        return _hold(using, "UPDATE locks_lock SET note = note WHERE name = %s", [name], seconds)
+    return _hold(using, "SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", [name], seconds)
+
+
+def hold_table_lock(seconds: float) -> threading.Thread:
+    """Block every write to the lock table (on SQLite: to the file) for ``seconds``,
+    from a transaction of another connection.
+
+    Example::
+
+        thread = hold_table_lock(5.0)
+    """
+    take, end = LOCK_TABLE[connection.vendor]
+    return _hold(DEFAULT_DB_ALIAS, take, [], seconds, end)

@@ -10,6 +10,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -413,17 +414,12 @@ def wait_until_blocked(pid: int, seconds: float = 60) -> None:
     raise AssertionError(f"process {pid} never waited")
 
 
-def test_break_interrupted_while_it_waits_says_what_is_left_without_a_traceback(
-    backend: str,
-) -> None:
-    # Newest first: "orders:15" is broken first, and waits for a transaction on its row
-    # (on SQLite, on the file); Ctrl-C comes meanwhile.
-    other = locks.acquire("orders:16", ttl=60, holder="worker-16")
-    lease = locks.acquire("orders:15", ttl=60, holder="worker-15")
-    blocker = hold_write_lock("orders:15", 8.0)
+def interrupted_while_blocked(blocker: threading.Thread, *args: str) -> tuple[int, str, str]:
+    """Run ``manage.py locks ARGS``, send it SIGINT (Ctrl-C) once it waits behind
+    ``blocker`` (a thread holding a lock), wait for the blocker; exit code, stdout, stderr."""
     try:
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "locks", "break", "orders:15", "orders:16", "--yes"],
+            [sys.executable, "manage.py", "locks", *args],
             cwd=ROOT,
             env=worker_env(),
             stdin=subprocess.DEVNULL,
@@ -436,7 +432,20 @@ def test_break_interrupted_while_it_waits_says_what_is_left_without_a_traceback(
         out, err = process.communicate(timeout=120)
     finally:
         blocker.join(30)
-    assert process.returncode == 1, err
+    return process.returncode, out, err
+
+
+def test_break_interrupted_while_it_waits_says_what_is_left_without_a_traceback(
+    backend: str,
+) -> None:
+    # Newest first: "orders:15" is broken first, and waits for a transaction on its row
+    # (on SQLite, on the file); Ctrl-C comes meanwhile.
+    other = locks.acquire("orders:16", ttl=60, holder="worker-16")
+    lease = locks.acquire("orders:15", ttl=60, holder="worker-15")
+    code, out, err = interrupted_while_blocked(
+        hold_write_lock("orders:15", 8.0), "break", "orders:15", "orders:16", "--yes"
+    )
+    assert code == 1, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert (
         "CommandError: interrupted while breaking lock 'orders:15', which may or may not be "
@@ -453,23 +462,8 @@ def test_break_interrupted_while_it_waits_says_what_is_left_without_a_traceback(
 
 def test_reap_interrupted_while_it_waits_exits_1_without_a_traceback() -> None:
     expired("orders:17")
-    blocker = hold_table_lock(8.0)
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "manage.py", "locks", "reap"],
-            cwd=ROOT,
-            env=worker_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        wait_until_blocked(process.pid)
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=120)
-    finally:
-        blocker.join(30)
-    assert process.returncode == 1, err
+    code, out, err = interrupted_while_blocked(hold_table_lock(8.0), "reap")
+    assert code == 1, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "CommandError: reap: interrupted" in err
     assert "Reaped" not in out
