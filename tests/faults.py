@@ -135,41 +135,55 @@ def wait_until_waiting(session: int, seconds: float = 30) -> None:
         time.sleep(0.05)
 
 
-def _hold(
-    using: str, take: str, params: list[Any], seconds: float, end: str | None = None
-) -> threading.Thread:
-    """Run ``take`` in a transaction of another connection to ``using``, keep it ``seconds``
-    (then run ``end``, if any), in a thread of its own, started once ``take`` has run."""
-    ready = threading.Event()
+class Holding(threading.Thread):
+    """A thread that holds a lock from a transaction of another connection for a while.
 
-    def block() -> None:
-        held = connections[using]  # this thread's own
-        with transaction.atomic(using=using), held.cursor() as cursor:
-            cursor.execute(take, params)
-            ready.set()
-            time.sleep(seconds)
-            if end:
-                cursor.execute(end)
+    Example::
+
+        holding = Holding("default", "LOCK TABLE locks_lock", [], 5.0)
+        holding.end()  # lets go now, not after 5 s
+        holding.join()
+    """
+
+    def __init__(
+        self, using: str, take: str, params: list[Any], seconds: float, end: str | None = None
+    ) -> None:
+        super().__init__()
+        self.using, self.take, self.params, self.seconds, self.ending = (
+            using, take, params, seconds, end,
+        )  # fmt: skip
+        self.ready = threading.Event()
+        self.over = threading.Event()
+        self.start()
+        assert self.ready.wait(10)
+
+    def run(self) -> None:
+        held = connections[self.using]  # this thread's own
+        with transaction.atomic(using=self.using), held.cursor() as cursor:
+            cursor.execute(self.take, self.params)
+            self.ready.set()
+            self.over.wait(self.seconds)
+            if self.ending:
+                cursor.execute(self.ending)
         held.close()
 
-    thread = threading.Thread(target=block)
-    thread.start()
-    assert ready.wait(10)
-    return thread
+    def end(self) -> None:
+        """Let go now, before its time is up."""
+        self.over.set()
 
 
-def hold_write_lock(name: str, seconds: float, using: str = DEFAULT_DB_ALIAS) -> threading.Thread:
+def hold_write_lock(name: str, seconds: float, using: str = DEFAULT_DB_ALIAS) -> Holding:
     """Block writes to lock ``name``'s row on database ``using`` from another connection
     for ``seconds``.
 
     On SQLite, whose only lock is the file's write lock, every write waits.
     """
     if BACKEND == "sqlite":
-        return _hold(using, "UPDATE locks_lock SET note = note WHERE name = %s", [name], seconds)
-    return _hold(using, "SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", [name], seconds)
+        return Holding(using, "UPDATE locks_lock SET note = note WHERE name = %s", [name], seconds)
+    return Holding(using, "SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", [name], seconds)
 
 
-def hold_table_lock(seconds: float) -> threading.Thread:
+def hold_table_lock(seconds: float) -> Holding:
     """Block every write to the lock table (on SQLite: to the file) for ``seconds``,
     from a transaction of another connection.
 
@@ -178,4 +192,4 @@ def hold_table_lock(seconds: float) -> threading.Thread:
         thread = hold_table_lock(5.0)
     """
     take, end = LOCK_TABLE[connection.vendor]
-    return _hold(DEFAULT_DB_ALIAS, take, [], seconds, end)
+    return Holding(DEFAULT_DB_ALIAS, take, [], seconds, end)

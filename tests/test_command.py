@@ -10,10 +10,9 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from locks.conf import conf
 from locks.management.commands.locks import Command
 from locks.models import Lock
 from tests.conftest import BACKEND, ROOT, worker_env
-from tests.faults import hold_table_lock, hold_write_lock
+from tests.faults import Holding, hold_table_lock, hold_write_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -414,9 +413,9 @@ def wait_until_blocked(pid: int, seconds: float = 60) -> None:
     raise AssertionError(f"process {pid} never waited")
 
 
-def interrupted_while_blocked(blocker: threading.Thread, *args: str) -> tuple[int, str, str]:
+def interrupted_while_blocked(blocker: Holding, *args: str) -> tuple[int, str, str]:
     """Run ``manage.py locks ARGS``, send it SIGINT (Ctrl-C) once it waits behind
-    ``blocker`` (a thread holding a lock), wait for the blocker; exit code, stdout, stderr."""
+    ``blocker``; exit code, stdout, stderr."""
     try:
         process = subprocess.Popen(
             [sys.executable, "manage.py", "locks", *args],
@@ -429,8 +428,14 @@ def interrupted_while_blocked(blocker: threading.Thread, *args: str) -> tuple[in
         )
         wait_until_blocked(process.pid)
         process.send_signal(signal.SIGINT)
+        # psycopg cancels the statement at once; mysqlclient and sqlite3 see the interrupt
+        # only once the statement has run, so the blocker then lets it run.
+        with suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=1)
+        blocker.end()
         out, err = process.communicate(timeout=120)
     finally:
+        blocker.end()
         blocker.join(30)
     return process.returncode, out, err
 

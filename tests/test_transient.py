@@ -100,15 +100,15 @@ def a_real_transient_error(backend: str) -> DatabaseError:
                 error.append(exc)
 
         second.inc_thread_sharing()
-        thread = threading.Thread(target=second_waits)
-        thread.start()
+        waiting = threading.Thread(target=second_waits)
+        waiting.start()
         time.sleep(0.3)
         try:
             with first.cursor() as c:
                 c.execute("UPDATE dl SET id = id WHERE id = 2")
         except DatabaseError as exc:
             error.append(exc)
-        thread.join()
+        waiting.join()
         assert len(error) == 1, error
         assert "deadlock" in str(error[0]).lower(), error
         return error[0]
