@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import locks
-from locks.backends.postgresql import _queue_key
+from locks.backends.postgresql import _is_queue_lock, _queue_key
 from locks.leases import QUEUE_PATIENCE
 from locks.models import Lock
 from tests import pgbouncer
@@ -40,9 +40,7 @@ def queue_locks(name: str = "orders:1") -> tuple[int, int]:
         cursor.execute(
             f"SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) "
             f"FROM (SELECT {_queue_key('%s')} AS key) AS queue, pg_locks "
-            "WHERE locktype = 'advisory' AND objsubid = 1 "
-            "AND classid = CAST(queue.key >> 32 & 4294967295 AS oid) "
-            "AND objid = CAST(queue.key & 4294967295 AS oid) "
+            f"WHERE {_is_queue_lock('queue.key')} "
             "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [name],
         )

@@ -15,7 +15,7 @@ from locks.backends import for_connection
 from locks.conf import conf
 from locks.leases import _execute
 from locks.models import Lock
-from tests.faults import hold_write_lock
+from tests.faults import hold_table_lock, hold_write_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,14 +67,15 @@ def a_real_transient_error(backend: str) -> DatabaseError:
     (PostgreSQL 40P01, MariaDB 1213); on SQLite, which has one writer at a time and cannot
     deadlock, a write refused because another connection holds the file."""
     if backend == "sqlite":
-        thread = hold_write_lock("x", 1.0)
+        holding = hold_table_lock(10.0)
         try:
             with connections.create_connection("default").cursor() as c:
                 c.execute("PRAGMA busy_timeout = 0")
                 with pytest.raises(DatabaseError) as busy:
                     c.execute("UPDATE locks_lock SET note = note")
         finally:
-            thread.join()
+            holding.end()
+            holding.join()
         return busy.value
     first, second = connection, connections.create_connection("default")
     try:

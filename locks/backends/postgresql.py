@@ -66,6 +66,16 @@ def _queue_key(name: str) -> str:
     return f"hashtextextended(CAST({name} AS text), {QUEUE_SEED})"
 
 
+def _is_queue_lock(key: str) -> str:
+    """The SQL condition that a ``pg_locks`` row is the advisory lock on the bigint ``key``
+    (its high half in ``classid``, its low half in ``objid``)."""
+    return (
+        f"locktype = 'advisory' AND objsubid = 1"
+        f" AND classid = CAST({key} >> 32 & 4294967295 AS oid)"
+        f" AND objid = CAST({key} & 4294967295 AS oid)"
+    )
+
+
 # A blocked acquire's first try yields to the queue: it takes a free lock only when no
 # other acquire is queued for it (the transaction-scoped try fails while a queued session
 # holds the queue's lock), except to re-enter its own live holding. Its later tries, and
@@ -133,9 +143,7 @@ LEAVE_QUEUE = f"SELECT pg_advisory_unlock({_queue_key('%s')})"
 LEAVE_QUEUE_IF_ENTERED = f"""
 SELECT pg_advisory_unlock(queue.key)
 FROM (SELECT {_queue_key("%s")} AS key) AS queue, pg_locks
-WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted AND objsubid = 1
-  AND classid = CAST(queue.key >> 32 & 4294967295 AS oid)
-  AND objid = CAST(queue.key & 4294967295 AS oid)
+WHERE pid = pg_backend_pid() AND granted AND {_is_queue_lock("queue.key")}
 """
 
 RENEW = """
