@@ -147,6 +147,25 @@ def test_a_row_left_by_a_released_holding_is_a_lost_release() -> None:
     assert rules(history[:1], final_rows=[("x", 1)]) == []  # never released: may stay
 
 
+def test_a_failed_acquire_may_have_re_entered_the_row_a_release_leaves() -> None:
+    """The server went away after committing a re-entry, before its answer reached us."""
+    failed = op("acquire", 0.05, 0.06, ERROR, proc="a")
+    release = op("release", 0.1, 0.11, proc="a", holder="a", token=1)
+    assert rules([grant("a", 1, 0.0), failed, release], final_rows=[("x", 1)]) == []
+    # ... or even granted the row afresh, which a later acquire of ours re-entered.
+    reentered = grant("a", 1, 0.07, count=2)
+    assert rules([failed, reentered, release], final_rows=[("x", 1)]) == []
+    # Not another process's failure, nor one after the release, nor another name's.
+    for other in (
+        op("acquire", 0.05, 0.06, ERROR, proc="b"),
+        op("acquire", 0.2, 0.21, ERROR, proc="a"),
+        op("acquire", 0.05, 0.06, ERROR, proc="a", name="y"),
+    ):
+        assert rules([grant("a", 1, 0.0), other, release], final_rows=[("x", 1)]) == [
+            "release-lost"
+        ]
+
+
 def test_two_processes_holding_one_row_lock_overlap() -> None:
     history = [
         op("row_lock", 0.0, 0.01, proc="p1"),
