@@ -29,6 +29,12 @@ SESSIONS = {
 }
 KILL = {"postgresql": "SELECT pg_terminate_backend(%s)", "mysql": "KILL %s"}
 # Every statement on the lock table waits while these are held (and the lock's end).
+# Blocks writes to one name's row (SQLite's only lock is the file's: every write waits).
+LOCK_ROW = {
+    "postgresql": "SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE",
+    "mysql": "SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE",
+    "sqlite": "UPDATE locks_lock SET note = note WHERE name = %s",
+}
 LOCK_TABLE = {
     "postgresql": ("LOCK TABLE locks_lock IN ACCESS EXCLUSIVE MODE", None),
     "mysql": ("LOCK TABLES locks_lock WRITE", "UNLOCK TABLES"),
@@ -178,9 +184,7 @@ def hold_write_lock(name: str, seconds: float, using: str = DEFAULT_DB_ALIAS) ->
 
     On SQLite, whose only lock is the file's write lock, every write waits.
     """
-    if BACKEND == "sqlite":
-        return Holding(using, "UPDATE locks_lock SET note = note WHERE name = %s", [name], seconds)
-    return Holding(using, "SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE", [name], seconds)
+    return Holding(using, LOCK_ROW[connections[using].vendor], [name], seconds)
 
 
 def hold_table_lock(seconds: float) -> Holding:
