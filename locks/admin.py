@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
+from django.utils.translation import gettext as _
 
 from . import validation
 from .conf import conf
@@ -64,6 +65,15 @@ def seconds_left(lock: Lock) -> float:
     """
     now = lock.db_now  # type: ignore[attr-defined]
     return float((lock.expires_at - now).total_seconds())
+
+
+def _isolated_text(value: object) -> str:
+    """``value`` as text between Unicode isolates (FSI, PDI).
+
+    For where no ``<bdi>`` can go, such as a page's ``<title>``: a right-to-left override
+    in a lock's name then ends with the name, not at the end of the title.
+    """
+    return f"\u2068{value}\u2069"
 
 
 def _isolated(field: str) -> Callable[[Lock], str]:
@@ -166,6 +176,30 @@ class LockAdmin(ModelAdmin):
             if actions & set(GUARDED_ACTIONS) and not self.has_break_lock_permission(request):
                 raise PermissionDenied("breaking locks needs the locks.break_lock permission")
         return super().changelist_view(request, extra_context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        # The page's subtitle (also in its <title>) is the lock's name.
+        response = super().change_view(request, object_id, form_url, extra_context)
+        context = getattr(response, "context_data", None)
+        if context and context.get("subtitle"):
+            context["subtitle"] = _isolated_text(context["subtitle"])
+        return response
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # The page's title (also its heading) ends with the lock's name.
+        response = super().history_view(request, object_id, extra_context)
+        context = getattr(response, "context_data", None)
+        if context and context.get("object") is not None and "title" not in (extra_context or {}):
+            context["title"] = _("Change history: %s") % _isolated_text(context["object"])
+        return response
 
     @admin.action(description="Break selected locks", permissions=["break_lock"])
     def break_locks(self, request: HttpRequest, queryset: QuerySet[Lock]) -> HttpResponse | None:

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
+from django.urls import reverse
 
 import locks
 from locks.models import Lock
@@ -461,4 +463,11 @@ def test_names_and_holders_are_isolated_from_the_page_around_them(superuser: Cli
     assert f'<td class="field-name"><bdi>{escaped_name}</bdi></td>' in page
     assert f'<td class="field-holder"><bdi>{escaped_holder}</bdi></td>' in page
     assert "<b>" not in page and "<i>" not in page
+
+    # Where no <bdi> can go (the <title>), the name is between Unicode isolates.
+    isolated = f"\u2068{escaped_name}\u2069"
+    change = superuser.get(reverse("admin:locks_lock_change", args=[quote(name)]))
+    assert f"<title>{isolated} | View lock |" in change.content.decode()
+    history = superuser.get(reverse("admin:locks_lock_history", args=[quote(name)]))
+    assert f"<title>Change history: {isolated} |" in history.content.decode()
     lease.release()
