@@ -28,13 +28,13 @@ SESSIONS = {
     "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND <> 'Killed'",
 }
 KILL = {"postgresql": "SELECT pg_terminate_backend(%s)", "mysql": "KILL %s"}
-# Every statement on the lock table waits while these are held (and the lock's end).
 # Blocks writes to one name's row (SQLite's only lock is the file's: every write waits).
 LOCK_ROW = {
     "postgresql": "SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE",
     "mysql": "SELECT 1 FROM locks_lock WHERE name = %s FOR UPDATE",
     "sqlite": "UPDATE locks_lock SET note = note WHERE name = %s",
 }
+# Every statement on the lock table waits while these are held (and the lock's end).
 LOCK_TABLE = {
     "postgresql": ("LOCK TABLE locks_lock IN ACCESS EXCLUSIVE MODE", None),
     "mysql": ("LOCK TABLES locks_lock WRITE", "UNLOCK TABLES"),
