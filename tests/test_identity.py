@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from locks.identity import default_holder
+from tests.conftest import forks_while_threaded
 
 
 def parts(holder: str) -> list[str]:
@@ -46,6 +47,7 @@ def in_a_child(holder: Callable[[], str]) -> tuple[int, str]:
     return pid, os.read(read, 1000).decode()
 
 
+@forks_while_threaded
 def test_a_forked_child_gets_a_new_nonce() -> None:
     parent = default_holder()
     pid, child = in_a_child(default_holder)
@@ -53,6 +55,7 @@ def test_a_forked_child_gets_a_new_nonce() -> None:
     assert parts(child)[3] != parts(parent)[3]
 
 
+@forks_while_threaded
 def test_a_child_forked_inside_an_asyncio_task_gets_a_task_holder_of_its_own() -> None:
     # asyncio forgets the running loop in a child, so the task's holder is not inherited.
     from locks.aio import task_holder
@@ -111,6 +114,7 @@ def test_threads_of_a_new_process_asking_at_once_get_one_process_identity() -> N
     assert len(processes) == 1
 
 
+@forks_while_threaded
 def test_a_child_forked_while_a_parent_thread_holds_the_listeners_mutex_can_listen() -> None:
     from locks import waiting
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 import locks
 from locks.leases import LockContext
 from locks.models import Lock
-from tests.conftest import finish, spawn
+from tests.conftest import finish, forks_while_threaded, spawn
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
@@ -630,6 +630,7 @@ def test_a_decorated_function_excludes_its_own_calls_in_other_threads() -> None:
     assert not locks.is_locked("orders:1")
 
 
+@forks_while_threaded
 def test_a_decorated_function_excludes_its_own_calls_in_forked_children() -> None:
     # Pre-forking servers import (and decorate) in the parent, then serve in children.
     # The holding thread's connection is inherited by the child, which must leave it be.
@@ -664,6 +665,7 @@ def _what_a_child_can_do_with(lease: locks.Lease) -> int:
     return 0
 
 
+@forks_while_threaded
 def test_a_forked_child_neither_renews_nor_releases_its_parents_lease() -> None:
     pid, code = -1, 1
     try:
