@@ -21,6 +21,7 @@ from locks.conf import conf
 from tests.pgbouncer import through_pgbouncer  # noqa: F401  (LOCKS_TEST_PGBOUNCER=1)
 
 ROOT = Path(__file__).resolve().parent.parent
+BACKEND = os.environ.get("LOCKS_TEST_BACKEND", "sqlite")
 
 #: For a test that forks while other threads run, on purpose: what the app does in such a
 #: child (a pre-forking server's worker) is what it checks. Python 3.12+ warns of any such
@@ -28,7 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 forks_while_threaded = pytest.mark.filterwarnings(
     r"ignore:This process \(pid=\d+\) is multi-threaded, use of fork\(\):DeprecationWarning"
 )
-BACKEND = os.environ.get("LOCKS_TEST_BACKEND", "sqlite")
 
 
 def pytest_configure(config: pytest.Config) -> None:
