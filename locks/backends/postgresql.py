@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError
 
 from .base import Backend, Cursor, Grant, wait_ms
+from .libpq import PreparedCursor, plans
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -205,6 +206,14 @@ SELECT set_config('synchronous_commit', 'on', false)
 WHERE current_setting('synchronous_commit') = 'off'
 """
 
+# What an uncontended acquire and release, a blocked acquire's tries and a renewal send:
+# prepared through libpq by the app's own connections that prepare (see locks.backends.libpq).
+HOT = plans(
+    [ACQUIRE, ACQUIRE_YIELDING, ACQUIRE_AS_HEAD, ACQUIRE_FLAGGING, RENEW, RELEASE_LAST,
+     RELEASE_REENTRY],
+    "locks_hot_",
+)  # fmt: skip
+
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 
 # Transaction-scoped (is_local => SET LOCAL), so it also works behind PgBouncer in
@@ -349,6 +358,13 @@ class PostgreSQLBackend(Backend):
             "prepare_threshold": 0,
         }
         return {**settings_dict, "OPTIONS": options}
+
+    def driver_cursor(self, cursor: Any) -> Any:
+        from ..conf import conf
+
+        if not conf.prepared_statements(cursor.db.settings_dict):
+            return cursor.cursor
+        return PreparedCursor(cursor.cursor, HOT)
 
     def on_connect(self, connection: BaseDatabaseWrapper) -> None:
         with connection.cursor() as cursor:
