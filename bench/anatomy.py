@@ -14,10 +14,19 @@ that noise falls on all steps alike. On MariaDB (``--backend mariadb``, the defa
 7. the app's own connection: the same SQL through its cursor and the backend class;
 8. the app's Python around it: ``locks.try_acquire`` and ``Lease.release``.
 
-On PostgreSQL (``--backend postgresql``) steps 2-5 are one: the app's SQL, prepared as
-the app's own connections prepare it. Up to step 6 the pair goes to the server through
-the bare driver with no Django in between, as the floor does. Each row shows the step's
-median time per pair and what it adds to the step above.
+On PostgreSQL (``--backend postgresql``) steps 2-5 are one: the app's SQL, prepared.
+The app's own connections send their hot statements through psycopg's libpq layer
+(``locks.backends.libpq``) rather than its cursor, so the PostgreSQL steps are:
+
+1. the floor, through psycopg's cursor (as every contender of the benchmark);
+2. the floor's two statements sent through libpq the same way as the app's;
+3. the app's SQL, through libpq (the app's ``PreparedCursor`` on the bare driver);
+4. the app's own connection, its cursor and the backend class;
+5. the app's Python around it.
+
+Up to step 6 (MariaDB) or 3 (PostgreSQL) the pair goes to the server through the bare
+driver with no Django in between, as the floor does. Each row shows the step's median
+time per pair and what it adds to the step above.
 """
 
 from __future__ import annotations
@@ -52,7 +61,12 @@ STEPS = {
         "+ owner-checked release (the app's SQL)",
         *THROUGH_DJANGO,
     ],
-    "postgresql": [FLOOR, "+ the app's SQL, prepared", *THROUGH_DJANGO],
+    "postgresql": [
+        FLOOR,
+        "the floor's statements through libpq, as the app's",
+        "+ the app's SQL, prepared, through libpq",
+        *THROUGH_DJANGO,
+    ],
 }
 
 Run = Callable[[str, Any], Any]
@@ -105,14 +119,29 @@ def _mariadb_sql(run: Run) -> list[Step]:
     ]
 
 
-def _postgresql_sql(run: Run) -> list[Step]:
+def _postgresql_sql(connection: Any) -> list[Step]:
     from locks.backends import postgresql
+    from locks.backends.libpq import PreparedCursor, plans
+
+    insert = "INSERT INTO bench_floor (name) VALUES (%s)"
+    delete = "DELETE FROM bench_floor WHERE name = %s"
+    cursor = PreparedCursor(
+        connection.cursor(), {**postgresql.HOT, **plans([insert, delete], "bench_floor_")}
+    )
+
+    def run(sql: str, args: Any) -> Any:
+        cursor.execute(sql, args)
+        return cursor.fetchone()
+
+    def floor() -> None:
+        run(insert, [KEY])
+        run(delete, [KEY])
 
     def release(row: Any) -> None:
         run(postgresql.RELEASE_LAST, [KEY, HOLDER, row[0], False])
 
     args = {"name": KEY, "holder": HOLDER, "ttl": timedelta(seconds=TTL), "note": ""}
-    return [_pair(run, postgresql.ACQUIRE, args, release)]
+    return [floor, _pair(run, postgresql.ACQUIRE, args, release)]
 
 
 def _through_django(alias: str) -> list[Step]:
@@ -155,7 +184,7 @@ def measure(backend: str, pairs: int) -> list[float]:
             run("INSERT INTO bench_floor (name) VALUES (%s)", [KEY])
             run("DELETE FROM bench_floor WHERE name = %s", [KEY])
 
-        sql = _mariadb_sql(run) if backend == "mariadb" else _postgresql_sql(run)
+        sql = _mariadb_sql(run) if backend == "mariadb" else _postgresql_sql(connection)
         steps = [floor, *sql, *_through_django(db.alias(backend))]
         assert len(steps) == len(STEPS[backend])
         times: list[list[float]] = [[] for _ in steps]
