@@ -1,9 +1,10 @@
 """PostgreSQL's hot lock statements sent through psycopg's libpq layer (``psycopg.pq``).
 
 An uncontended acquire and release are one short statement each, and psycopg's cursor
-costs some 40 to 60 us per statement on top of the round trip: query conversion, its
-prepared-statement bookkeeping, typed parameter dumping, result set-up. That is more
-than the app's SQL adds to the bare INSERT and DELETE of a row (docs/benchmark.md). The
+costs some 20 to 30 us per statement on top of the round trip: query conversion, its
+prepared-statement bookkeeping, typed parameter dumping, result set-up. For the pair that
+is about as much as the app's SQL adds to the bare INSERT and DELETE of a row
+(docs/benchmark.md, ``python -m bench.anatomy --backend postgresql``). The
 statements of the hot path are known in advance, so :class:`PreparedCursor` prepares
 each once per session under a name of its own, sends its parameters as text (the server
 casts them to the types it inferred when it prepared the statement) and loads the
