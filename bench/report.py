@@ -63,7 +63,11 @@ HOW = f"""\
   totals; the longest wait is the worst of all repeats.
 - This app runs through its public API (`locks.try_acquire`, `locks.acquire(timeout=...)`,
   `Lease.release`, `locks.reap_expired`). The floor, the advisory locks and `GET_LOCK`
-  use psycopg 3 / mysqlclient / sqlite3 directly, in autocommit. django-db-mutex has no
+  use psycopg 3 / mysqlclient / sqlite3 directly, in autocommit, through the driver's
+  cursor. On PostgreSQL the app's own connections send their acquire and release through
+  psycopg's libpq layer instead (prepared once per session, see the README); the floor's
+  two statements sent that way take about 0.88x the floor's time (`bench.anatomy
+  --backend postgresql` times both). django-db-mutex has no
   blocking acquire: its waiters retry with backoff from 1 ms doubling to 50 ms, with jitter.
 - (c): each of 4 processes loops: blocking acquire (the wait is timed), read the counter
   row, write it back plus one, release. Throughput counts hand-offs finished in the window;
