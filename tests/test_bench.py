@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 
+import locks
 from bench.anatomy import STEPS
+from bench.contenders import base
 from bench.report import HOW
 from bench.run import parse
 from bench.stats import combine, percentile
@@ -209,3 +212,39 @@ def test_the_anatomy_builds_the_pair_up_from_the_floor_and_leaves_no_row(tmp_pat
     )  # fmt: skip
     assert left.returncode == 0, left.stderr[-3000:]
     assert left.stdout.split() == ["locks_lock", "0", "bench_floor", "0"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_bench_counts_the_apps_statements_and_djangos_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Count in this process as a bench worker does, and put the cursor classes back after.
+    counting_in = base._count_in
+
+    def restoring(cursor_class: type[Any]) -> None:
+        monkeypatch.setattr(cursor_class, "execute", cursor_class.execute)
+        counting_in(cursor_class)
+
+    monkeypatch.setattr(base, "_count_in", restoring)
+    monkeypatch.setattr(base, "_PATCHED", set())
+    counter = base.DjangoCounting()
+    counter.statements = 0
+    counter.install_counter(["default"], own=True)  # the app's own connection
+    counter.install_counter(["default"])  # Django's, where django-db-mutex's statements go
+
+    def pair() -> None:
+        lease = locks.try_acquire("bench:count", ttl=5)
+        assert lease is not None
+        lease.release()
+
+    counter.counted(pair)
+    assert counter.statements == 2
+
+    def django_statement() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+
+    counter.counted(django_statement)
+    assert counter.statements == 3
+    django_statement()  # outside counted(): not counted
+    assert counter.statements == 3

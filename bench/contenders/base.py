@@ -162,12 +162,18 @@ class DjangoCounting:
     def install_counter(self, alias_names: list[str], own: bool = False) -> None:
         import locks.connection
         from locks.backends import for_connection
+        from locks.backends.libpq import PreparedCursor
 
         for name in alias_names:
             wrapper = locks.connection.get(name) if own else connections[name]
             with wrapper.cursor() as cursor:
                 # The class under every wrapper, which the app's direct cursor calls too.
-                _count_in(type(for_connection(wrapper).driver_cursor(cursor)))
+                driver = for_connection(wrapper).driver_cursor(cursor)
+                if not own and isinstance(driver, PreparedCursor):
+                    # The app's own PostgreSQL cursor sends its hot statements below
+                    # psycopg's cursor; Django's statements (django-db-mutex's) go to it.
+                    driver = cursor.cursor
+                _count_in(type(driver))
 
     def counted(self, call: Callable[[], Any]) -> Any:
         _COUNTING.append(self)
