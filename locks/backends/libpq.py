@@ -29,8 +29,6 @@ from psycopg.adapt import Transformer
 
 _PARAMETER = re.compile(r"%\((\w+)\)s|%s")
 _MICROSECOND = timedelta(microseconds=1)
-#: "prepared statement does not exist": a DEALLOCATE ALL or DISCARD ALL dropped ours.
-_UNKNOWN_STATEMENT = "26000"
 _ANSWERED = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 # Binary results: psycopg's binary loaders are the cheaper ones, and they read timestamps
 # whatever the session's DateStyle.
@@ -193,8 +191,9 @@ class PreparedCursor:
         try:
             pgconn.send_query_prepared(found.name, values, result_format=BINARY)
             return self._answer()
-        except errors.InvalidSqlStatementName:
-            # Someone dropped the session's prepared statements: prepare again, once.
+        except errors.InvalidSqlStatementName:  # 26000: "prepared statement does not exist"
+            # A DEALLOCATE ALL or DISCARD ALL dropped the session's statements: prepare
+            # again, once.
             self._prepared.discard(found.name)
             self._prepare(found)
             pgconn.send_query_prepared(found.name, values, result_format=BINARY)
