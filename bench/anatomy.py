@@ -85,6 +85,16 @@ def _runner(cursor: Any, backend: str) -> Run:
     return run
 
 
+def _floor(run: Run) -> Step:
+    from .db import FLOOR_DELETE, FLOOR_INSERT
+
+    def floor() -> None:
+        run(FLOOR_INSERT, [KEY])
+        run(FLOOR_DELETE, [KEY])
+
+    return floor
+
+
 def _pair(run: Run, acquire: str, acquire_args: Any, release: Callable[[Any], None]) -> Step:
     def pair() -> None:
         release(run(acquire, acquire_args))
@@ -123,25 +133,20 @@ def _postgresql_sql(connection: Any) -> list[Step]:
     from locks.backends import postgresql
     from locks.backends.libpq import PreparedCursor, plans
 
-    insert = "INSERT INTO bench_floor (name) VALUES (%s)"
-    delete = "DELETE FROM bench_floor WHERE name = %s"
-    cursor = PreparedCursor(
-        connection.cursor(), {**postgresql.HOT, **plans([insert, delete], "bench_floor_")}
-    )
+    from .db import FLOOR_DELETE, FLOOR_INSERT
+
+    floor_plans = plans([FLOOR_INSERT, FLOOR_DELETE], "bench_floor_")
+    cursor = PreparedCursor(connection.cursor(), {**postgresql.HOT, **floor_plans})
 
     def run(sql: str, args: Any) -> Any:
         cursor.execute(sql, args)
         return cursor.fetchone()
 
-    def floor() -> None:
-        run(insert, [KEY])
-        run(delete, [KEY])
-
     def release(row: Any) -> None:
         run(postgresql.RELEASE_LAST, [KEY, HOLDER, row[0], False])
 
     args = {"name": KEY, "holder": HOLDER, "ttl": timedelta(seconds=TTL), "note": ""}
-    return [floor, _pair(run, postgresql.ACQUIRE, args, release)]
+    return [_floor(run), _pair(run, postgresql.ACQUIRE, args, release)]
 
 
 def _through_django(alias: str) -> list[Step]:
@@ -179,13 +184,8 @@ def measure(backend: str, pairs: int) -> list[float]:
     connection = db.connect(backend)
     try:
         run = _runner(connection.cursor(), backend)
-
-        def floor() -> None:
-            run("INSERT INTO bench_floor (name) VALUES (%s)", [KEY])
-            run("DELETE FROM bench_floor WHERE name = %s", [KEY])
-
         sql = _mariadb_sql(run) if backend == "mariadb" else _postgresql_sql(connection)
-        steps = [floor, *sql, *_through_django(db.alias(backend))]
+        steps = [_floor(run), *sql, *_through_django(db.alias(backend))]
         assert len(steps) == len(STEPS[backend])
         times: list[list[float]] = [[] for _ in steps]
         order = list(range(len(steps)))

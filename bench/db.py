@@ -22,6 +22,9 @@ TABLES = [
     "CREATE TABLE IF NOT EXISTS bench_counter"
     " (name VARCHAR(200) NOT NULL PRIMARY KEY, value BIGINT NOT NULL)",
 ]
+#: The floor's pair, as the benchmark's floor and ``bench.anatomy`` send it.
+FLOOR_INSERT = "INSERT INTO bench_floor (name) VALUES (%s)"
+FLOOR_DELETE = "DELETE FROM bench_floor WHERE name = %s"
 
 
 def alias(backend: str) -> str:

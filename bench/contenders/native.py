@@ -67,11 +67,11 @@ class Floor(Raw):
         db.execute(self.backend, "DELETE FROM bench_floor WHERE name LIKE %s", [prefix + "%"])
 
     def try_acquire(self, key: str) -> Any | None:
-        self.run("INSERT INTO bench_floor (name) VALUES (%s)", (key,))
+        self.run(db.FLOOR_INSERT, (key,))
         return key
 
     def release(self, handle: Any) -> None:
-        self.run("DELETE FROM bench_floor WHERE name = %s", (handle,))
+        self.run(db.FLOOR_DELETE, (handle,))
 
 
 def _advisory_key(key: str) -> int:

@@ -194,7 +194,6 @@ class PreparedCursor:
         except errors.InvalidSqlStatementName:  # 26000: "prepared statement does not exist"
             # A DEALLOCATE ALL or DISCARD ALL dropped the session's statements: prepare
             # again, once.
-            self._prepared.discard(found.name)
             self._prepare(found)
             pgconn.send_query_prepared(found.name, values, result_format=BINARY)
             return self._answer()
