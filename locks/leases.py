@@ -975,7 +975,7 @@ def reap_expired(
     Each batch is one conditional DELETE judged by the database clock, so a lease renewed
     a moment ago is never deleted. Stops when a batch comes back short, or when
     ``time_budget`` seconds have been spent. On SQLite it pauses after each batch as long
-    as the batch took, so that acquires get in between.
+    as the batch held the file's write lock, so that acquires get in between.
 
     Example::
 
@@ -1001,7 +1001,7 @@ class ReapReport:
 
     deleted: int
     batches: int
-    longest_batch: float
+    longest_batch: float  # seconds one batch held what writers wait for (SQLite: the file)
     elapsed: float
     database: str
     finished: bool  # False when the time budget ran out with expired rows possibly left
@@ -1019,20 +1019,18 @@ def reap_batches(size: int, alias: str, budget: float | None) -> ReapReport:
     deleted = batches = 0
     longest = 0.0
     while True:
-        started = time.monotonic()
-        count, writers_poll = _execute(
+        count, held, writers_poll = _execute(
             alias,
             "reap",
             "*",
-            lambda backend, cursor: (backend.reap(cursor, size), backend.writers_poll),
+            lambda backend, cursor: (*backend.reap(cursor, size), backend.writers_poll),
         )
         # The longest batch is about how long an acquire may wait for the reaper.
-        took = time.monotonic() - started
-        longest = max(longest, took)
+        longest = max(longest, held)
         deleted += count
         batches += 1
         finished = count < size
-        pause = took if writers_poll else 0.0
+        pause = held if writers_poll else 0.0
         if finished or (deadline is not None and time.monotonic() + pause >= deadline):
             elapsed = time.monotonic() - began
             return ReapReport(deleted, batches, longest, elapsed, alias, finished)

@@ -28,7 +28,7 @@ def reap(
     to ``LOCKS["REAP_TIME_BUDGET"]``. Each batch is one conditional DELETE judged by the
     database clock, as in :func:`locks.reap_expired`, so a lease renewed a moment ago
     survives. On SQLite, where waiting writers poll, it pauses after each batch as long as
-    the batch took.
+    the batch held the file's write lock.
     Arguments are checked before any query.
 
     Example::

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import os
 import select
@@ -242,22 +241,27 @@ def test_reap_deletes_expired_rows_only() -> None:
 def test_reap_leaves_the_database_to_waiting_writers_between_batches_where_they_poll() -> None:
     for number in range(4):
         expired(f"orders:old{number}")
-    batches: list[tuple[float, float]] = []
+    statements: list[tuple[str, float, float]] = []
 
     def timed(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
         started = time.monotonic()
         try:
             return execute(sql, params, many, context)
         finally:
-            batches.append((started, time.monotonic()))
+            statements.append((sql.strip(), started, time.monotonic()))
 
     with locks.connection.get(conf.DATABASE).execute_wrapper(timed):
         assert run("reap", "--batch-size", "1")[0].strip() == "Reaped 4 expired lock(s)."
-    assert len(batches) == 5  # the fifth comes back short
+    assert sum(sql.startswith("DELETE") for sql, _, _ in statements) == 5  # the 5th: short
     if for_connection(connection).writers_poll:
-        # SQLite: after each batch, a pause as long as the batch, for acquires to get in.
-        for (start, end), (after, _) in itertools.pairwise(batches):
-            assert after - end >= end - start
+        # SQLite: a batch holds the file's write lock from its BEGIN IMMEDIATE to its
+        # COMMIT; before the next batch reads its busy timeout, a pause as long.
+        held = [end for sql, _, end in statements if sql == "BEGIN IMMEDIATE"]
+        done = [end for sql, _, end in statements if sql == "COMMIT"]
+        following = [start for sql, start, _ in statements if sql == "PRAGMA busy_timeout"]
+        assert len(held) == len(done) == len(following) == 5
+        for begin, commit, after in zip(held, done, following[1:], strict=False):
+            assert after - commit >= commit - begin
     assert not Lock.objects.exists()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import platform
 import threading
@@ -13,14 +14,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 
 import locks
-from locks.leases import LockContext
+from locks.backends import for_connection
+from locks.conf import conf
+from locks.leases import LockContext, reap_batches
 from locks.models import Lock
 from tests.conftest import finish, forks_while_threaded, spawn
+from tests.faults import hold_table_lock
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
@@ -324,7 +328,8 @@ def test_the_reaper_never_deletes_a_row_taken_over_while_its_batch_runs() -> Non
     reading = threading.Event()
 
     def on_first_read(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
-        if "locks_lock" in sql:
+        # On SQLite a batch first takes the file's write lock, which this transaction has.
+        if "locks_lock" in sql or sql == "BEGIN IMMEDIATE":
             reading.set()
         return execute(sql, params, many, context)
 
@@ -360,6 +365,82 @@ def test_reap_time_budget_stops_after_a_batch() -> None:
     time.sleep(0.2)
     assert locks.reap_expired(batch_size=1, time_budget=0) == 1
     assert Lock.objects.count() == 3
+
+
+def test_a_reaper_batch_that_waited_for_another_writer_reports_what_it_held(
+    backend: str,
+) -> None:
+    for i in range(2):
+        locks.acquire(f"short:{i}", ttl=0.05)
+    time.sleep(0.2)
+    holding = hold_table_lock(1.0)
+    report = reap_batches(10, "default", None)
+    holding.join()
+    assert (report.deleted, report.batches) == (2, 1)
+    assert report.elapsed >= 0.9  # it waited for the other writer
+    if for_connection(connections["default"]).writers_poll:
+        # SQLite: it waited for the file before its batch began; the batch, and the pause
+        # it owes waiting acquires, is only the time it held the write lock.
+        assert report.longest_batch < 0.5
+    else:
+        # The DELETE itself waited in the server's lock queue, holding the rows it had.
+        assert report.longest_batch >= 0.9
+    assert not Lock.objects.exists()
+
+
+def own_busy_timeout(ms: int | None = None) -> int:
+    """The busy timeout of the app's own SQLite connection, set to ``ms`` first if given."""
+    own = locks.connection.get(conf.DATABASE)
+    own.ensure_connection()
+    with own.cursor() as cursor:
+        if ms is not None:
+            cursor.execute(f"PRAGMA busy_timeout = {ms}")
+        cursor.execute("PRAGMA busy_timeout")
+        return int(cursor.fetchone()[0])
+
+
+@override_settings(LOCKS={"TRANSIENT_RETRIES": 20, "BACKOFF_MIN": 0.01, "BACKOFF_MAX": 0.02})
+def test_a_reaper_batch_waits_for_the_sqlite_file_as_long_as_the_busy_timeout(
+    backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    if backend != "sqlite":
+        pytest.skip("the busy timeout is SQLite's; the servers queue lock waiters")
+    locks.acquire("short:1", ttl=0.05)
+    time.sleep(0.2)
+    own_busy_timeout(300)
+    caplog.set_level(logging.DEBUG, logger="locks")
+    holding = hold_table_lock(1.5)
+    try:
+        # The file stays busy past the busy timeout: an error, retried as transient.
+        assert locks.reap_expired() == 1
+    finally:
+        holding.end()
+        holding.join()
+    assert any("transient error, retrying" in r.getMessage() for r in caplog.records)
+    # The batch set its own busy timeouts while it waited, and put the connection's back.
+    assert own_busy_timeout() == 300
+
+
+@override_settings(LOCKS={"TRANSIENT_RETRIES": 1, "BACKOFF_MIN": 0.01, "BACKOFF_MAX": 0.02})
+def test_a_reaper_that_gives_up_on_a_busy_sqlite_file_deletes_nothing_and_leaves_no_transaction(
+    backend: str,
+) -> None:
+    if backend != "sqlite":
+        pytest.skip("the busy timeout is SQLite's; the servers queue lock waiters")
+    locks.acquire("short:1", ttl=0.05)
+    time.sleep(0.2)
+    own_busy_timeout(300)
+    holding = hold_table_lock(10.0)
+    try:
+        with pytest.raises(OperationalError) as raised:
+            locks.reap_expired()
+    finally:
+        holding.end()
+        holding.join()
+    assert "database is locked" in str(raised.value)
+    assert "while trying to reap" in "".join(raised.value.__notes__)
+    assert Lock.objects.count() == 1
+    assert locks.reap_expired() == 1  # the app's connection is not stuck in a transaction
 
 
 def test_lock_context_manager_releases_on_exit_and_on_error() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -225,10 +226,15 @@ class Backend:
         """Names released since the last call, waiting at most ``timeout`` seconds."""
         raise NotImplementedError
 
-    def reap(self, cursor: Cursor, batch_size: int) -> int:
-        """Delete at most ``batch_size`` expired rows in one statement; return how many."""
+    def reap(self, cursor: Cursor, batch_size: int) -> tuple[int, float]:
+        """Delete at most ``batch_size`` expired rows in one statement.
+
+        Returns how many went and for how many seconds the batch held what a writer
+        waits for: here the statement's own time, waits for row locks included.
+        """
+        began = time.monotonic()
         cursor.execute(self.REAP, [batch_size])
-        return int(cursor.rowcount)
+        return int(cursor.rowcount), time.monotonic() - began
 
     def now(self, cursor: Cursor) -> datetime:
         """The database server's clock."""
