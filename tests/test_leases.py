@@ -399,23 +399,31 @@ def own_busy_timeout(ms: int | None = None) -> int:
         return int(cursor.fetchone()[0])
 
 
-@override_settings(LOCKS={"TRANSIENT_RETRIES": 20, "BACKOFF_MIN": 0.01, "BACKOFF_MAX": 0.02})
-def test_a_reaper_batch_waits_for_the_sqlite_file_as_long_as_the_busy_timeout(
-    backend: str, caplog: pytest.LogCaptureFixture
-) -> None:
+@contextmanager
+def an_expired_row_in_a_busy_sqlite_file(backend: str, seconds: float) -> Iterator[None]:
+    """One expired row; the app's connection waits 0.3 s for a busy file; another
+    connection holds the file's write lock for ``seconds`` or until the block ends."""
     if backend != "sqlite":
         pytest.skip("the busy timeout is SQLite's; the servers queue lock waiters")
     locks.acquire("short:1", ttl=0.05)
     time.sleep(0.2)
     own_busy_timeout(300)
-    caplog.set_level(logging.DEBUG, logger="locks")
-    holding = hold_table_lock(1.5)
+    holding = hold_table_lock(seconds)
     try:
-        # The file stays busy past the busy timeout: an error, retried as transient.
-        assert locks.reap_expired() == 1
+        yield
     finally:
         holding.end()
         holding.join()
+
+
+@override_settings(LOCKS={"TRANSIENT_RETRIES": 20, "BACKOFF_MIN": 0.01, "BACKOFF_MAX": 0.02})
+def test_a_reaper_batch_waits_for_the_sqlite_file_as_long_as_the_busy_timeout(
+    backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="locks")
+    with an_expired_row_in_a_busy_sqlite_file(backend, 1.5):
+        # The file stays busy past the busy timeout: an error, retried as transient.
+        assert locks.reap_expired() == 1
     assert any("transient error, retrying" in r.getMessage() for r in caplog.records)
     # The batch set its own busy timeouts while it waited, and put the connection's back.
     assert own_busy_timeout() == 300
@@ -425,18 +433,11 @@ def test_a_reaper_batch_waits_for_the_sqlite_file_as_long_as_the_busy_timeout(
 def test_a_reaper_that_gives_up_on_a_busy_sqlite_file_deletes_nothing_and_leaves_no_transaction(
     backend: str,
 ) -> None:
-    if backend != "sqlite":
-        pytest.skip("the busy timeout is SQLite's; the servers queue lock waiters")
-    locks.acquire("short:1", ttl=0.05)
-    time.sleep(0.2)
-    own_busy_timeout(300)
-    holding = hold_table_lock(10.0)
-    try:
-        with pytest.raises(OperationalError) as raised:
-            locks.reap_expired()
-    finally:
-        holding.end()
-        holding.join()
+    with (
+        an_expired_row_in_a_busy_sqlite_file(backend, 10.0),
+        pytest.raises(OperationalError) as raised,
+    ):
+        locks.reap_expired()
     assert "database is locked" in str(raised.value)
     assert "while trying to reap" in "".join(raised.value.__notes__)
     assert Lock.objects.count() == 1
