@@ -199,7 +199,7 @@ def _header(results: dict[str, Any], plot: str | None, out: Path) -> list[str]:
     lines = [
         "# Benchmark: locks against its peers and the physical floor",
         "",
-        "Re-run everything with one command (about 13 minutes; `--quick` for about one):",
+        "Re-run everything with one command (about 20 minutes; `--quick` for about one):",
         "",
         "```sh",
         "scripts/bench            # writes this file, var/bench/latest.json and the plot",
