@@ -21,9 +21,16 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from tests import pgbouncer
 from tests.conftest import BACKEND, ROOT
 from tests.settings import CHECKOUT
 from tests.test_admin_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, TIMEOUT_MS
+
+pytestmark = pytest.mark.skipif(
+    pgbouncer.ENABLED,
+    reason="the demo connects to PostgreSQL directly, not through the pooler: the postgresql "
+    "pass runs the same demo on the same server",
+)
 
 DEMO = str(ROOT / "scripts" / "demo")
 
