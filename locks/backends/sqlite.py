@@ -98,6 +98,31 @@ def _modifier(ttl: float) -> str:
     return f"+{ttl:.6f} seconds"
 
 
+def _read_busy_timeout(cursor: Cursor) -> int:
+    """The connection's busy timeout, in milliseconds."""
+    cursor.execute("PRAGMA busy_timeout")
+    return int(cursor.fetchone()[0])
+
+
+def _set_busy_timeout(cursor: Cursor, ms: int) -> None:
+    cursor.execute(f"PRAGMA busy_timeout = {int(ms)}")
+
+
+@contextmanager
+def _busy_timeout_of(cursor: Cursor, ms: int) -> Iterator[int]:
+    """The connection's busy timeout set to ``ms`` for the block, which gets the old one.
+
+    A connection setting, not a transactional one: put back in every case, for the
+    statements that follow.
+    """
+    old = _read_busy_timeout(cursor)
+    _set_busy_timeout(cursor, ms)
+    try:
+        yield old
+    finally:
+        _set_busy_timeout(cursor, old)
+
+
 def _same_file(a: str, b: str) -> bool:
     if a == b:
         return True
@@ -152,19 +177,9 @@ class SQLiteBackend(Backend):
             "token": token,
             "ttl": _modifier(ttl),
         }
-        if wait is None:
+        with nullcontext() if wait is None else _busy_timeout_of(cursor, wait_ms(wait)):
             cursor.execute(RENEW, params)
             row = cursor.fetchone()
-        else:
-            cursor.execute("PRAGMA busy_timeout")
-            old = int(cursor.fetchone()[0])
-            cursor.execute(f"PRAGMA busy_timeout = {wait_ms(wait)}")
-            try:
-                cursor.execute(RENEW, params)
-                row = cursor.fetchone()
-            finally:
-                # A connection setting: put it back for the statements that follow.
-                cursor.execute(f"PRAGMA busy_timeout = {old}")
         return None if row is None else self.to_datetime(row[0])
 
     def reap(self, cursor: Cursor, batch_size: int) -> tuple[int, float]:
@@ -175,12 +190,9 @@ class SQLiteBackend(Backend):
         # busy after REAP_POLLING is in a long transaction: wait for it as SQLite does, up
         # to the connection's busy timeout. Only the time held, from the write lock to the
         # commit, is the batch's, and what the reaper pauses for.
-        cursor.execute("PRAGMA busy_timeout")
-        timeout_ms = int(cursor.fetchone()[0])
         waiting_since = time.monotonic()
-        polling_until = waiting_since + min(timeout_ms / 1000, REAP_POLLING)
-        cursor.execute("PRAGMA busy_timeout = 0")
-        try:
+        with _busy_timeout_of(cursor, 0) as timeout_ms:
+            polling_until = waiting_since + min(timeout_ms / 1000, REAP_POLLING)
             while time.monotonic() < polling_until:
                 try:
                     cursor.execute("BEGIN IMMEDIATE")
@@ -191,10 +203,8 @@ class SQLiteBackend(Backend):
                 time.sleep(REAP_POLL)
             else:
                 waited_ms = round((time.monotonic() - waiting_since) * 1000)
-                cursor.execute(f"PRAGMA busy_timeout = {max(timeout_ms - waited_ms, 0)}")
+                _set_busy_timeout(cursor, max(timeout_ms - waited_ms, 0))
                 cursor.execute("BEGIN IMMEDIATE")
-        finally:
-            cursor.execute(f"PRAGMA busy_timeout = {timeout_ms}")
         began = time.monotonic()
         try:
             cursor.execute(REAP, [batch_size])
@@ -253,16 +263,16 @@ class SQLiteBackend(Backend):
 
     @contextmanager
     def _busy_timeout(self, connection: BaseDatabaseWrapper, timeout: float) -> Iterator[None]:
+        # Not one cursor for the whole block: the caller's work may close the connection,
+        # and the setting is then put back on the one that replaces it.
         with connection.cursor() as cursor:
-            cursor.execute("PRAGMA busy_timeout")
-            old = int(cursor.fetchone()[0])
-            cursor.execute(f"PRAGMA busy_timeout = {wait_ms(timeout)}")
+            old = _read_busy_timeout(cursor)
+            _set_busy_timeout(cursor, wait_ms(timeout))
         try:
             yield
         finally:
-            # A connection setting, not a transactional one: put it back in every case.
             with connection.cursor() as cursor:
-                cursor.execute(f"PRAGMA busy_timeout = {old}")
+                _set_busy_timeout(cursor, old)
 
     def bounded_wait(
         self, connection: BaseDatabaseWrapper, timeout: float | None
@@ -274,8 +284,7 @@ class SQLiteBackend(Backend):
 
     def lock_wait_settings(self, connection: BaseDatabaseWrapper) -> dict[str, str]:
         with connection.cursor() as cursor:
-            cursor.execute("PRAGMA busy_timeout")
-            return {"busy_timeout": str(cursor.fetchone()[0])}
+            return {"busy_timeout": str(_read_busy_timeout(cursor))}
 
     # The busy handler retries with growing sleeps: a waiting writer does not queue.
     writers_poll = True
