@@ -32,6 +32,9 @@ forks_while_threaded = pytest.mark.filterwarnings(
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from tests import flush
+
+    flush.install()
     # Django deletes an old SQLite test database but not its -wal/-shm files, and SQLite
     # would replay a stale write-ahead log into the new database. Only a run on SQLite,
     # and only its Django version's files: another run may go on beside it (scripts/test
