@@ -365,6 +365,10 @@ def manage_on_a_terminal(*args: str, keys: bytes) -> tuple[int, str]:
         typed = False
         while time.monotonic() < deadline:
             if not typed and b"[y/N] " in shown:
+                # Only once it waits in its read: a SIGINT that comes between the prompt's
+                # write and the read runs its handler only when the read returns (as no
+                # hand can type that fast, only a test sees it: the command waits for good).
+                wait_until_blocked(process.pid)
                 os.write(main, keys)
                 typed = True
             ready, _, _ = select.select([main], [], [], 1)
