@@ -28,6 +28,7 @@ from tests import pgbouncer
 from tests.app.models import CeleryRun
 from tests.celery_app import make_app
 from tests.celery_support import (
+    BROKER_URLS,
     BROKERS,
     CeleryProcess,
     celery_env,
@@ -391,7 +392,7 @@ def results_worker(
     django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
     """A prefork worker on Redis that stores its runs' states in Redis (a result backend)."""
-    url, queue = BROKERS["redis"], unique_queue()
+    url, queue = BROKER_URLS["redis"], unique_queue()
     app = make_app(url, queue, result_backend=url)
     log = tmp_path_factory.mktemp("celery-results") / "worker.log"
     env = celery_env(url, queue, LOCKS_TEST_RESULT_BACKEND=url)
@@ -856,7 +857,7 @@ def test_first_run_after_the_database_dropped_the_workers_sessions_runs(tmp_path
     # the module's would lose the sessions its main process keeps for revokes, and one
     # that keeps its connections between tasks (with CONN_MAX_AGE = 0 each task's end
     # closes them, and there is nothing left to drop).
-    url, queue = BROKERS["redis"], unique_queue()
+    url, queue = BROKER_URLS["redis"], unique_queue()
     app = make_app(url, queue)
     env = celery_env(url, queue, LOCKS_TEST_PERSISTENT_CONNECTIONS="1")
     try:

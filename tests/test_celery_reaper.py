@@ -19,7 +19,7 @@ from locks.models import Lock
 from locks.tasks import reap, reap_expired
 from tests.celery_app import make_app
 from tests.celery_support import (
-    BROKERS,
+    BROKER_URLS,
     celery_beat,
     celery_env,
     celery_worker,
@@ -152,7 +152,7 @@ def test_celery_beat_reaps_expired_rows_while_live_ones_survive(tmp_path: Path) 
     # of expiring, never expired.
     holder = spawn("renewing_holder", "live:renewed", 3.0, stop, module="tests.workers_celery")
     assert read_event(holder)["event"] == "acquired"
-    url, queue = BROKERS["redis"], unique_queue()
+    url, queue = BROKER_URLS["redis"], unique_queue()
     env = celery_env(url, queue, LOCKS_TEST_BEAT_INTERVAL="0.5")
     try:
         with (

@@ -19,6 +19,8 @@ SCRIPT = str(ROOT / "scripts" / "test")
         ("LOCKS_TEST_BACKENDS", "oracle", "unknown backend 'oracle' in LOCKS_TEST_BACKENDS"),
         ("LOCKS_TEST_BACKENDS", "sqlite@django7", "unknown backend 'sqlite@django7'"),
         ("LOCKS_TEST_BACKENDS", ",", "LOCKS_TEST_BACKENDS selects no backend"),
+        ("LOCKS_TEST_BROKERS", "kafka", "unknown broker 'kafka' in LOCKS_TEST_BROKERS"),
+        ("LOCKS_TEST_BROKERS", "", "LOCKS_TEST_BROKERS selects no broker"),
     ],
 )
 def test_bad_setting_is_refused_before_set_up(variable: str, value: str, message: str) -> None:
@@ -36,3 +38,13 @@ def test_bad_setting_is_refused_before_set_up(variable: str, value: str, message
     assert done.stdout == ""
     assert done.stderr.startswith(f"ERROR: {message}")
     assert done.stderr.count("\n") == 1
+
+
+def test_the_brokers_setting_picks_some_of_the_brokers_and_refuses_anything_else() -> None:
+    from tests.celery_support import BROKER_URLS, _brokers
+
+    assert _brokers("redis") == {"redis": BROKER_URLS["redis"]}
+    assert _brokers("rabbitmq,redis") == BROKER_URLS
+    for wrong in ("kafka", "redis kafka", " "):
+        with pytest.raises(RuntimeError, match="LOCKS_TEST_BROKERS must name some of"):
+            _brokers(wrong)
